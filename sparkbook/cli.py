@@ -1,0 +1,97 @@
+"""The ``sparkbook`` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from . import __version__
+from .errors import SparkbookError
+from .params import default_params_file
+
+
+def _params_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-p", "--params", default=None, metavar="FILE",
+                   help="parameters file (default: $SPARKBOOK_PARAMS or parameters/lab.yaml)")
+
+
+def _params(args: argparse.Namespace) -> Path:
+    return Path(args.params) if args.params else default_params_file()
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .runner import run
+    summary = run(_params(args), steps=args.steps, out=args.out, cell_timeout=args.cell_timeout,
+                  kernel_name=args.kernel, notebooks_dir=args.notebooks)
+    width = max(len(s["name"]) for s in summary["steps"])
+    print(f"\nrun folder: {summary['run_dir']}")
+    for s in summary["steps"]:
+        print(f"  {s['name']:<{width}}  {s['status']:<7}  {s['duration_s']:7.1f} s")
+    print(f"report: {Path(summary['run_dir']) / 'report.html'}\nstatus: {summary['status'].upper()}")
+    return 0 if summary["status"] == "passed" else 1
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report import build
+    print(build(args.run_dir))
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from .params import load
+    p = load(_params(args))
+    print(f"{_params(args)}: valid: deployment {p.name!r}, {len(p.nodes)} node(s) "
+          f"({', '.join(f'{n.name}/{n.role}' for n in p.nodes)}), model {p.model.name}, "
+          f"TP {p.serving.tensor_parallel_size} x PP {p.serving.pipeline_parallel_size}, "
+          f"executor {p.serving.executor}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="sparkbook", description="Runbook for multi-node vLLM on DGX Spark (and other GPU nodes).")
+    ap.add_argument("--version", action="version", version=f"sparkbook {__version__}")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("run", help="run the numbered notebooks into a run folder",
+                       description="Execute the numbered notebooks in order with papermill into a "
+                       "run folder; stop at the first failing step; write summary.json and "
+                       "report.html. Exit code 0 only when every step passed.")
+    _params_arg(p)
+    p.add_argument("--steps", help="comma-separated steps, by number or name (default: all)")
+    p.add_argument("--out", metavar="DIR", help="run folder (default: outputs/<UTC time>-<name>/)")
+    p.add_argument("--cell-timeout", type=float, default=3600, metavar="S",
+                   help="seconds one cell may run (default: 3600)")
+    p.add_argument("--kernel", default=None, help="Jupyter kernel name (default: the notebooks')")
+    p.add_argument("--notebooks", default=None, metavar="DIR",
+                   help="folder of numbered notebooks (default: the project's notebooks/)")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("report", help="rebuild report.html of a run folder",
+                       description="Rebuild report.html from a run folder's summary.json and "
+                       "executed notebooks.")
+    p.add_argument("run_dir", type=Path, metavar="DIR")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("validate", help="check a parameters file",
+                       description="Validate a parameters file; list every bad field by its path.")
+    _params_arg(p)
+    p.set_defaults(func=cmd_validate)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except SparkbookError as e:
+        print(f"sparkbook: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("sparkbook: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""What every notebook does first: find its parameters, validate them, pick its run folder.
+
+A notebook's ``parameters`` cell holds only ``params_file`` and ``run_dir`` (both None). Then:
+
+* ``sparkbook run`` injects both;
+* ``papermill NB OUT -f parameters/X.yaml`` injects the deployment's fields themselves;
+* opened in JupyterLab with nothing injected, the notebook reads ``$SPARKBOOK_PARAMS`` or
+  ``parameters/lab.yaml``.
+
+:func:`start` handles the three and prints which parameters and which run folder are used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from . import __version__
+from .params import FIELDS, Params, ParamsError, default_params_file, project_root, validate
+from .remote import Cluster
+from .verdict import Verdict
+
+
+@dataclass
+class Context:
+    params: Params
+    source: str
+    run_dir: Path
+    started: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+
+    @cached_property
+    def cluster(self) -> Cluster:
+        return Cluster.from_params(self.params)
+
+    def path(self, *parts: str) -> Path:
+        """A path in the run folder (its parent folders are made)."""
+        p = self.run_dir.joinpath(*parts)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        return p
+
+    def save_json(self, name: str, data: Any) -> Path:
+        p = self.path(name)
+        p.write_text(json.dumps(data, indent=2, default=str) + "\n")
+        return p
+
+    def conclude(self, verdict: Verdict, step: str) -> None:
+        """The last cell of a notebook: show the verdict, keep it in the run folder
+        (``verdicts/STEP.json``) and fail the cell when any check failed."""
+        verdict.save(self.path("verdicts", f"{step}.json"))
+        try:
+            from IPython.display import display
+            display(verdict)
+        except ImportError:  # outside IPython
+            print(verdict.to_text())
+        verdict.raise_for_failures()
+
+    def describe(self) -> str:
+        p = self.params
+        nodes = ", ".join(f"{n.name} ({n.role})" for n in p.nodes)
+        return (f"sparkbook {__version__}\nparameters: {self.source}\n"
+                f"deployment: {p.name}: {len(p.nodes)} node(s): {nodes}\nrun folder: {self.run_dir}")
+
+
+def resolve(namespace: Mapping[str, Any]) -> tuple[Params, str]:
+    """The validated parameters of a notebook, and where they came from."""
+    injected = {k: namespace[k] for k in FIELDS if k in namespace}
+    explicit = namespace.get("params_file")
+    if injected and not explicit:
+        source = f"injected by papermill (deployment {injected.get('name', '?')!r})"
+        return validate(injected, "injected parameters"), source
+    path = Path(explicit or default_params_file()).expanduser()
+    if not path.is_absolute():
+        path = (Path.cwd() / path) if (Path.cwd() / path).exists() else project_root() / path
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise ParamsError(str(path), [("(file)", f"cannot read: {e.strerror or e}")]) from None
+    except yaml.YAMLError as e:
+        raise ParamsError(str(path), [("(file)", f"not valid YAML: {e}")]) from None
+    source = str(path.resolve())
+    if injected and isinstance(data, dict):
+        data = {**data, **injected}
+        source += f" (with injected {', '.join(sorted(injected))})"
+    return validate(data, str(path)), source
+
+
+def default_run_dir(params: Params) -> Path:
+    """Where a notebook run by hand keeps its results: ``$SPARKBOOK_RUN_DIR``, else one stable
+    folder per deployment, so that notebooks stepped through one by one share their state."""
+    env = os.environ.get("SPARKBOOK_RUN_DIR")
+    return Path(env) if env else project_root() / "outputs" / f"interactive-{params.name}"
+
+
+def start(namespace: Mapping[str, Any], quiet: bool = False) -> Context:
+    """Validate the notebook's parameters (nothing runs on a node before this passes), choose the
+    run folder, and say which of each is used."""
+    params, source = resolve(namespace)
+    run_dir = Path(namespace.get("run_dir") or default_run_dir(params)).expanduser().resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ctx = Context(params, source, run_dir)
+    if not quiet:
+        print(ctx.describe())
+    return ctx

@@ -1,0 +1,340 @@
+"""The deployment description: one validated model of a parameters file.
+
+A parameters file (YAML, in ``parameters/``) describes the nodes, the runtime, the model, how vLLM
+serves it, the ports, what the hardware is expected to deliver and how to benchmark it. It is
+validated as a whole before anything runs on a node; every bad field is reported by its path in a
+single :class:`ParamsError`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
+
+from .errors import SparkbookError
+
+NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+# Fields whose values are never echoed back in an error message.
+_SECRET_HINTS = ("token", "secret", "password", "passphrase")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Rail(_Model):
+    """One fabric rail of a node: a RoCE netdev, its address and the HCA behind it."""
+
+    interface: str = Field(pattern=r"^[A-Za-z0-9._-]{1,15}$")
+    ip: ipaddress.IPv4Address
+    prefix: int = Field(24, ge=1, le=32)
+    hca: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]+$")
+
+    @property
+    def network(self) -> ipaddress.IPv4Network:
+        return ipaddress.ip_interface(f"{self.ip}/{self.prefix}").network
+
+
+class Node(_Model):
+    """A machine of the deployment and how to reach it."""
+
+    name: str = Field(pattern=NAME_RE)
+    host: str = Field(min_length=1, description="address or ~/.ssh/config alias")
+    user: str | None = None
+    port: int | None = Field(None, ge=1, le=65535)
+    key: str | None = Field(None, description="private key file")
+    role: Literal["head", "worker"] = "worker"
+    local: bool = Field(False, description="the notebook machine itself: commands run without SSH")
+    gpus: int | None = Field(None, ge=0, description="overrides expectations.gpus_per_node")
+    rails: list[Rail] = Field(default_factory=list)
+
+    @field_validator("host")
+    @classmethod
+    def _host_chars(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9._:%\[\]-]+", v):
+            raise ValueError("not a host name, address or ssh-config alias")
+        return v
+
+
+class SSH(_Model):
+    known_hosts: list[str] = Field(
+        default_factory=list, description="known_hosts files read besides ~/.ssh/known_hosts"
+    )
+    connect_timeout: float = Field(10, gt=0)
+    command_timeout: float = Field(300, gt=0)
+    parallel: int = Field(16, ge=1, description="at most this many nodes are worked on at once")
+
+
+class Runtime(_Model):
+    kind: Literal["docker", "venv"] = "docker"
+    image: str | None = Field(None, min_length=1)
+    venv: str | None = Field(None, description="virtualenv holding vllm on every node (kind venv)")
+    container_name: str = Field("sparkbook-vllm", pattern=NAME_RE)
+    gpus: bool = Field(True, description="pass --gpus all to containers")
+    shm_size: str = Field("16g", pattern=r"^[0-9]+[bkmgBKMG]?$")
+    privileged: bool = False
+    docker_root: str | None = Field(None, description="Docker data root, for the disk check")
+
+
+class ModelSpec(_Model):
+    name: str = Field(min_length=1)
+    path: str = Field(min_length=1, description="directory of the model on every node")
+    revision: str | None = None
+    hf_token_env: str = Field(
+        "HF_TOKEN", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="environment variable of the notebook machine holding the token",
+    )
+    needs_token: bool = False
+    size_gb: float | None = Field(None, ge=0)
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError("must be an absolute path on the nodes")
+        return v
+
+
+class Serving(_Model):
+    tensor_parallel_size: int = Field(1, ge=1)
+    pipeline_parallel_size: int = Field(1, ge=1)
+    executor: Literal["ray", "mp"] = "ray"
+    max_model_len: int | None = Field(None, ge=16)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    served_model_name: str | None = None
+    reasoning_parser: str | None = None
+    tool_call_parser: str | None = None
+    extra_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    startup_timeout: float = Field(1800, gt=0)
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in v if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
+        if bad:
+            raise ValueError(f"not environment variable names: {', '.join(map(repr, bad))}")
+        return v
+
+
+class Ports(_Model):
+    api: int = Field(8000, ge=1, le=65535)
+    ray: int = Field(6379, ge=1, le=65535)
+    dashboard: int = Field(8265, ge=1, le=65535)
+    master: int = Field(29501, ge=1, le=65535)
+
+
+class Expectations(_Model):
+    gpu_name: str | None = Field(None, description="e.g. 'NVIDIA GB10'; None skips the name check")
+    gpus_per_node: int = Field(1, ge=0)
+    mtu: int = Field(9000, ge=576, le=65535)
+    link_rate_gbps: float = Field(200, gt=0)
+    busbw_gbps: float = Field(21.875, gt=0, description="all-reduce bus bandwidth bar, GB/s")
+    min_disk_gb: float = Field(0, ge=0)
+
+
+class Reference(_Model):
+    label: str
+    single_user_tok_s: float | None = Field(None, gt=0)
+
+
+class Benchmark(_Model):
+    context_depths: list[int] = Field(default_factory=lambda: [0, 4096, 16384])
+    concurrency: list[int] = Field(default_factory=lambda: [1, 2, 4, 8])
+    output_tokens: int = Field(256, ge=1)
+    prompt_tokens: int = Field(512, ge=1)
+    requests_per_level: int = Field(16, ge=1)
+    request_rates: list[float] = Field(default_factory=list)
+    seed: int = 0
+    references: list[Reference] = Field(default_factory=list)
+
+    @field_validator("concurrency", "context_depths")
+    @classmethod
+    def _non_negative(cls, v: list[int]) -> list[int]:
+        if any(x < 0 for x in v):
+            raise ValueError("values must not be negative")
+        return v
+
+
+class Params(_Model):
+    """A whole deployment."""
+
+    name: str = Field(pattern=NAME_RE)
+    description: str = ""
+    nodes: list[Node] = Field(min_length=1)
+    ssh: SSH = Field(default_factory=SSH)
+    runtime: Runtime = Field(default_factory=Runtime)
+    model: ModelSpec
+    serving: Serving = Field(default_factory=Serving)
+    ports: Ports = Field(default_factory=Ports)
+    expectations: Expectations = Field(default_factory=Expectations)
+    benchmark: Benchmark = Field(default_factory=Benchmark)
+
+    @property
+    def head(self) -> Node:
+        return next(n for n in self.nodes if n.role == "head")
+
+    @property
+    def workers(self) -> list[Node]:
+        return [n for n in self.nodes if n.role != "head"]
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(f"no node named {name!r} (nodes: {', '.join(n.name for n in self.nodes)})")
+
+    def gpus_of(self, node: Node) -> int:
+        return self.expectations.gpus_per_node if node.gpus is None else node.gpus
+
+
+FIELDS = tuple(Params.model_fields)
+
+
+class ParamsError(SparkbookError):
+    """A parameters file that does not validate; lists every bad field by its path."""
+
+    def __init__(self, source: str, problems: list[tuple[str, str]]):
+        self.source = source
+        self.problems = problems
+        lines = [f"{source}: {len(problems)} invalid field{'s' if len(problems) != 1 else ''}"]
+        lines += [f"  {path}: {msg}" for path, msg in problems]
+        super().__init__("\n".join(lines))
+
+
+def _path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
+def _message(err: Mapping[str, Any]) -> str:
+    kind, msg, loc = err["type"], err["msg"], err["loc"]
+    msg = msg.removeprefix("Value error, ")
+    if kind == "ip_v4_address":
+        msg = "not an IPv4 address"
+    elif kind == "missing":
+        return "required field is missing"
+    elif kind == "extra_forbidden":
+        return f"unknown field (allowed here: see the schema in sparkbook/params.py)"
+    elif kind == "string_pattern_mismatch" and loc and loc[-1] == "name":
+        msg = "must be letters, digits, '.', '_' or '-', starting with a letter or digit"
+    if any(isinstance(p, str) and any(h in p.lower() for h in _SECRET_HINTS) for p in loc):
+        return msg
+    value = err.get("input")
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        shown = repr(value)
+        return f"{msg} (got {shown[:60] + '...' if len(shown) > 60 else shown})"
+    return msg
+
+
+def _semantic_problems(p: Params) -> list[tuple[str, str]]:
+    """Checks that span several fields: run only once every field is valid on its own."""
+    problems: list[tuple[str, str]] = []
+    heads = [i for i, n in enumerate(p.nodes) if n.role == "head"]
+    if len(heads) != 1:
+        problems.append(("nodes", f"exactly one node must have role 'head' (found {len(heads)})"))
+    seen: dict[str, str] = {}
+    for i, n in enumerate(p.nodes):
+        if n.name in seen:
+            problems.append((f"nodes[{i}].name", f"duplicate of {seen[n.name]} ({n.name!r})"))
+        else:
+            seen[n.name] = f"nodes[{i}].name"
+    ips: dict[str, str] = {}
+    for i, n in enumerate(p.nodes):
+        ifaces: dict[str, str] = {}
+        nets: dict[ipaddress.IPv4Network, str] = {}
+        for j, r in enumerate(n.rails):
+            here = f"nodes[{i}].rails[{j}]"
+            if str(r.ip) in ips:
+                problems.append((f"{here}.ip", f"address {r.ip} is also {ips[str(r.ip)]}"))
+            else:
+                ips[str(r.ip)] = f"{here}.ip"
+            if r.interface in ifaces:
+                problems.append((f"{here}.interface", f"duplicate of {ifaces[r.interface]}"))
+            ifaces[r.interface] = f"{here}.interface"
+            if r.network in nets:
+                problems.append((f"{here}.ip", f"rail on the same subnet {r.network} as {nets[r.network]}: "
+                                 "each rail needs its own subnet"))
+            nets[r.network] = here
+    rails = {len(n.rails) for n in p.nodes}
+    if len(rails) > 1:
+        problems.append(("nodes", "every node needs the same number of rails "
+                         f"(found {', '.join(str(len(n.rails)) + ' on ' + n.name for n in p.nodes)})"))
+    ports = p.ports.model_dump()
+    for k, v in ports.items():
+        others = [o for o, w in ports.items() if w == v and o != k]
+        if others and k < others[0]:
+            problems.append((f"ports.{k}", f"port {v} is also ports.{others[0]}"))
+    s = p.serving
+    world = s.tensor_parallel_size * s.pipeline_parallel_size
+    gpus = sum(p.gpus_of(n) for n in p.nodes)
+    if gpus and world > gpus:
+        problems.append(("serving.tensor_parallel_size",
+                         f"tensor x pipeline parallel = {world} exceeds the {gpus} GPUs of the nodes"))
+    if p.runtime.kind == "docker" and not p.runtime.image:
+        problems.append(("runtime.image", "required when runtime.kind is 'docker'"))
+    if p.runtime.kind == "venv" and not p.runtime.venv:
+        problems.append(("runtime.venv", "required when runtime.kind is 'venv'"))
+    return problems
+
+
+def validate(data: Any, source: str = "parameters") -> Params:
+    """Validate a mapping (as read from YAML or injected by papermill) into :class:`Params`."""
+    if not isinstance(data, Mapping):
+        raise ParamsError(source, [("(top level)", "must be a mapping of fields")])
+    try:
+        params = Params.model_validate(dict(data))
+    except ValidationError as e:
+        raise ParamsError(source, [(_path(err["loc"]), _message(err)) for err in e.errors()]) from None
+    problems = _semantic_problems(params)
+    if problems:
+        raise ParamsError(source, problems)
+    return params
+
+
+def load(path: str | os.PathLike[str]) -> Params:
+    """Read and validate a parameters file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ParamsError(str(path), [("(file)", f"cannot read: {e.strerror or e}")]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(file)"
+        raise ParamsError(str(path), [(where, f"not valid YAML: {getattr(e, 'problem', e)}")]) from None
+    return validate(data, str(path))
+
+
+def project_root() -> Path:
+    """The project folder: the nearest folder above the working directory holding parameters/,
+    else the folder the package was installed from."""
+    for d in [Path.cwd(), *Path.cwd().parents]:
+        if (d / "parameters").is_dir() and (d / "notebooks").is_dir():
+            return d
+    return Path(__file__).resolve().parents[1]
+
+
+def default_params_file() -> Path:
+    """``$SPARKBOOK_PARAMS`` when set, else ``parameters/lab.yaml`` of the project."""
+    env = os.environ.get("SPARKBOOK_PARAMS")
+    return Path(env).expanduser() if env else project_root() / "parameters" / "lab.yaml"

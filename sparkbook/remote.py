@@ -1,0 +1,335 @@
+"""Run commands on the nodes: in parallel, over one reused SSH connection per node, quoted.
+
+A command is either a sequence of arguments (quoted with :func:`shlex.join`) or a shell script
+written by sparkbook, in which every value is inserted with :func:`sh` (quoted). Nothing from a
+parameters file reaches a shell unquoted.
+
+SSH goes through Fabric (Paramiko): ``~/.ssh/config`` is honoured (HostName, User, Port,
+IdentityFile, ProxyJump, ProxyCommand, UserKnownHostsFile), and host keys are checked against
+``~/.ssh/known_hosts`` plus the files the parameters name; an unknown or changed host key is an
+immediate error naming the node and the remedy, never a prompt and never silently accepted.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import shlex
+import socket
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Sequence, TextIO, Union
+
+import invoke
+import paramiko
+from fabric import Config, Connection
+
+from .errors import CheckFailed
+from .params import SSH, Node, Params, project_root
+
+Command = Union[str, Sequence[str]]
+PerNode = Union[Command, Callable[[Node], Command]]
+
+# Exit status of coreutils `timeout` when the limit was reached.
+TIMEOUT_STATUS = 124
+KILL_GRACE_S = 5
+
+
+def sh(template: str, **values: object) -> str:
+    """Fill a shell template with quoted values: ``sh("ls {d}", d=path)``."""
+    return template.format(**{k: shlex.quote(str(v)) for k, v in values.items()})
+
+
+def command_line(cmd: Command) -> str:
+    """The shell form of a command: sequences are quoted, strings are scripts taken as written."""
+    return cmd if isinstance(cmd, str) else shlex.join(str(a) for a in cmd)
+
+
+def wrap(cmd: Command, timeout: float, env: Mapping[str, str] | None = None) -> str:
+    """The line actually sent: the script run by bash under coreutils ``timeout`` (which kills the
+    whole process group at the limit, so nothing stays behind on the node), with ``env``."""
+    parts = ["timeout", "-k", str(KILL_GRACE_S), f"{max(timeout, 1):.0f}"]
+    if env:
+        parts += ["env", *[f"{k}={v}" for k, v in env.items()]]
+    parts += ["bash", "-c", command_line(cmd)]
+    return shlex.join(parts)
+
+
+@dataclass
+class Result:
+    """What one command did on one node."""
+
+    node: str
+    command: str
+    exit_code: int | None
+    stdout: str = ""
+    stderr: str = ""
+    duration: float = 0.0
+    error: str | None = None  # set when the command could not run (SSH) or ran out of time
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.exit_code == 0
+
+    def summary(self, lines: int = 5) -> str:
+        """What was seen, for a failure message: the error, or the exit code and the last lines."""
+        if self.error:
+            return self.error
+        tail = (self.stderr.strip() or self.stdout.strip()).splitlines()[-lines:]
+        seen = " | ".join(tail) if tail else "no output"
+        return f"exit code {self.exit_code}: {seen}"
+
+
+class Results(dict):
+    """Results by node name, in the order the nodes were given."""
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.values())
+
+    def failed(self) -> list[Result]:
+        return [r for r in self.values() if not r.ok]
+
+    def check(self, what: str, remedy: str = "") -> "Results":
+        """Raise :class:`CheckFailed` naming each failed node, the command and what was seen."""
+        bad = self.failed()
+        if bad:
+            lines = [f"{what}: failed on {len(bad)} of {len(self)} node(s)"]
+            for r in bad:
+                lines += [f"- {r.node}: {r.summary()}", f"  command: {r.command}"]
+            if remedy:
+                lines.append(f"remedy: {remedy}")
+            raise CheckFailed("\n".join(lines))
+        return self
+
+
+class _Prefixer(io.TextIOBase):
+    """A stream that writes whole lines to ``sink``, each prefixed with the node's name."""
+
+    def __init__(self, prefix: str, sink: TextIO, lock: threading.Lock):
+        self.prefix, self.sink, self.lock, self.buf = prefix, sink, lock, ""
+
+    def write(self, s: str) -> int:
+        self.buf += s
+        *lines, self.buf = self.buf.split("\n")
+        if lines:
+            with self.lock:
+                self.sink.write("".join(f"[{self.prefix}] {ln}\n" for ln in lines))
+                self.sink.flush()
+        return len(s)
+
+    def flush(self) -> None:
+        if self.buf:
+            self.write("\n")
+
+
+def _expand(path: str) -> str:
+    p = Path(path).expanduser()
+    return str(p if p.is_absolute() else project_root() / p)
+
+
+_connections: dict[tuple, Connection] = {}
+_connections_lock = threading.Lock()
+
+
+def _guard_host_keys(conn: Connection, known_hosts: Iterable[str]) -> None:
+    """Check host keys strictly on the connection and on every ProxyJump hop."""
+    files = [str(Path("~/.ssh/known_hosts").expanduser()), *known_hosts]
+    extra = conn.ssh_config.get("userknownhostsfile")
+    if extra:
+        files += [str(Path(f).expanduser()) for f in extra.split()]
+    while isinstance(conn, Connection):
+        conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        for f in dict.fromkeys(files):
+            if Path(f).is_file():
+                conn.client.load_system_host_keys(f)
+        conn = conn.gateway
+
+
+def connection(node: Node, ssh: SSH) -> Connection:
+    """The node's SSH connection, opened once and reused (one per node per process)."""
+    key = (node.host, node.user, node.port, node.key, tuple(ssh.known_hosts), ssh.connect_timeout)
+    with _connections_lock:
+        conn = _connections.get(key)
+        if conn is None:
+            kwargs: dict = {"banner_timeout": ssh.connect_timeout, "auth_timeout": ssh.connect_timeout}
+            if node.key:
+                kwargs["key_filename"] = [_expand(node.key)]
+            conn = Connection(
+                node.host, user=node.user, port=node.port, connect_timeout=ssh.connect_timeout,
+                connect_kwargs=kwargs, config=Config(overrides={"run": {"in_stream": False}}),
+            )
+            _guard_host_keys(conn, [_expand(k) for k in ssh.known_hosts])
+            _connections[key] = conn
+        return conn
+
+
+def close_all() -> None:
+    """Close every cached SSH connection."""
+    with _connections_lock:
+        for conn in _connections.values():
+            conn.close()
+        _connections.clear()
+
+
+def _target(node: Node, conn: Connection | None) -> str:
+    if conn is None:
+        return node.host
+    return f"{conn.user}@{conn.host}" + (f":{conn.port}" if conn.port != 22 else "")
+
+
+def ssh_error(exc: BaseException, node: Node, conn: Connection | None) -> str:
+    """A one-paragraph explanation of an SSH failure, with the remedy."""
+    where = _target(node, conn)
+    host = conn.host if conn else node.host
+    port = conn.port if conn else (node.port or 22)
+    if isinstance(exc, paramiko.BadHostKeyException):
+        hk = host if port == 22 else f"[{host}]:{port}"
+        return (f"ssh {where}: HOST KEY CHANGED (the server offers a {exc.key.get_name()} key that "
+                f"differs from known_hosts). If the node was reinstalled, remove the old key with "
+                f"`ssh-keygen -R '{hk}'` and add the new one after checking its fingerprint.")
+    unknown = re.search(r"Server '(\[(.+)\]:(\d+)|[^']+)' not found in known_hosts", str(exc))
+    if isinstance(exc, paramiko.SSHException) and unknown:
+        # the name paramiko looked up: this node's, or that of a ProxyJump hop in front of it
+        hk, h, p = unknown[1], unknown[2] or unknown[1], int(unknown[3] or 22)
+        hop = "" if (h, p) == (host, port) else " (a ProxyJump hop)"
+        return (f"ssh {where}: unknown host key ({hk}{hop} is not in known_hosts). Check the host's "
+                f"fingerprint, then add it: `ssh-keyscan -p {p} {h} >> ~/.ssh/known_hosts`, "
+                f"or list a known_hosts file under ssh.known_hosts.")
+    if isinstance(exc, paramiko.AuthenticationException):
+        return (f"ssh {where}: authentication failed ({exc}). Install your public key on the node "
+                f"(`ssh-copy-id`), or set the node's `key` in the parameters.")
+    if isinstance(exc, (paramiko.ssh_exception.NoValidConnectionsError, ConnectionError)):
+        return f"ssh {where}: cannot connect ({exc}). Is the node up and sshd listening on port {port}?"
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return f"ssh {where}: connection timed out. Is the node up, and the address right?"
+    if isinstance(exc, socket.gaierror):
+        return f"ssh {where}: cannot resolve host name {host!r} ({exc.strerror})."
+    return f"ssh {where}: {type(exc).__name__}: {exc}"
+
+
+def _run_one(node: Node, ssh: SSH, cmd: Command, timeout: float, env: Mapping[str, str] | None,
+             stream: TextIO | None, lock: threading.Lock) -> Result:
+    shown = command_line(cmd)
+    line = wrap(cmd, timeout, env)
+    out = err = None
+    if stream is not None:
+        out, err = _Prefixer(node.name, stream, lock), _Prefixer(node.name + " stderr", stream, lock)
+    opts = dict(warn=True, hide=stream is None, out_stream=out, err_stream=err, in_stream=False,
+                timeout=timeout + KILL_GRACE_S + ssh.connect_timeout + 5)
+    conn = None
+    start = time.monotonic()
+    try:
+        if node.local:
+            r = invoke.Context().run(line, **opts)
+        else:
+            conn = connection(node, ssh)
+            r = conn.run(line, **opts)
+        code, stdout, stderr = r.exited, r.stdout, r.stderr
+    except invoke.CommandTimedOut as e:
+        return Result(node.name, shown, None, e.result.stdout, e.result.stderr,
+                      time.monotonic() - start, f"no answer within {timeout:.0f} s", True)
+    except Exception as e:  # SSH errors of every kind end here, per node
+        if conn is not None:
+            conn.close()
+        return Result(node.name, shown, None, duration=time.monotonic() - start,
+                      error=ssh_error(e, node, conn))
+    finally:
+        for s in (out, err):
+            if s is not None:
+                s.flush()
+    duration = time.monotonic() - start
+    if code == TIMEOUT_STATUS and duration >= timeout - 0.5:
+        return Result(node.name, shown, code, stdout, stderr, duration,
+                      f"timed out after {timeout:.0f} s (stopped on the node)", True)
+    return Result(node.name, shown, code, stdout, stderr, duration)
+
+
+class Cluster:
+    """The nodes of a deployment, as targets for commands."""
+
+    def __init__(self, nodes: Sequence[Node], ssh: SSH | None = None):
+        self.nodes = list(nodes)
+        self.ssh = ssh or SSH()
+
+    @classmethod
+    def from_params(cls, params: Params) -> "Cluster":
+        return cls(params.nodes, params.ssh)
+
+    def _select(self, nodes: Iterable[Node | str] | None) -> list[Node]:
+        if nodes is None:
+            return self.nodes
+        by_name = {n.name: n for n in self.nodes}
+        return [n if isinstance(n, Node) else by_name[n] for n in nodes]
+
+    def run(self, cmd: PerNode, nodes: Iterable[Node | str] | None = None, *,
+            timeout: float | None = None, env: Mapping[str, str] | None = None,
+            stream: bool | TextIO = False) -> Results:
+        """Run ``cmd`` on the nodes (all by default) in parallel, at most ``ssh.parallel`` at once.
+
+        ``cmd`` may be a function of the node, for commands that differ per node. With ``stream``
+        the output is shown while it arrives, each line prefixed with the node's name (to stdout,
+        or to the stream given). One node's failure never stops the others: every node gets a
+        :class:`Result`."""
+        targets = self._select(nodes)
+        limit = timeout or self.ssh.command_timeout
+        sink = (sys.stdout if stream is True else stream) or None
+        lock = threading.Lock()
+
+        def one(node: Node) -> Result:
+            c = cmd(node) if callable(cmd) else cmd
+            return _run_one(node, self.ssh, c, limit, env, sink, lock)
+
+        return self._fan_out(targets, one)
+
+    def _fan_out(self, targets: list[Node], fn: Callable[[Node], Result]) -> Results:
+        results = Results()
+        if targets:
+            with ThreadPoolExecutor(max_workers=min(self.ssh.parallel, len(targets))) as pool:
+                for node, res in zip(targets, pool.map(fn, targets)):
+                    results[node.name] = res
+        return results
+
+    def run_on(self, node: Node | str, cmd: Command, **kw) -> Result:
+        """Run one command on one node."""
+        target = self._select([node])[0]
+        return self.run(cmd, [target], **kw)[target.name]
+
+    def put(self, local: str | Path, remote: str, nodes: Iterable[Node | str] | None = None,
+            mode: int = 0o644) -> Results:
+        """Copy a file to the same path on the nodes (SFTP), in parallel."""
+        data = Path(local).read_bytes()
+        shown = f"put {local} -> {remote}"
+
+        def one(node: Node) -> Result:
+            start = time.monotonic()
+            if node.local:
+                try:
+                    Path(remote).parent.mkdir(parents=True, exist_ok=True)
+                    Path(remote).write_bytes(data)
+                    Path(remote).chmod(mode)
+                except OSError as e:
+                    return Result(node.name, shown, None, error=f"{remote}: {e.strerror}")
+                return Result(node.name, shown, 0, duration=time.monotonic() - start)
+            conn = None
+            try:
+                conn = connection(node, self.ssh)
+                mk = conn.run(shlex.join(["mkdir", "-p", str(Path(remote).parent)]), hide=True,
+                              warn=True, in_stream=False)
+                if not mk.ok:
+                    return Result(node.name, shown, mk.exited, mk.stdout, mk.stderr)
+                with conn.sftp().open(remote, "wb") as f:
+                    f.write(data)
+                conn.sftp().chmod(remote, mode)
+            except OSError as e:
+                return Result(node.name, shown, None, error=f"{remote}: {e.strerror or e}")
+            except Exception as e:
+                return Result(node.name, shown, None, error=ssh_error(e, node, conn))
+            return Result(node.name, shown, 0, duration=time.monotonic() - start)
+
+        return self._fan_out(self._select(nodes), one)

@@ -1,0 +1,114 @@
+"""A private OpenSSH server: its own host key, port, authorized keys and known_hosts entry.
+
+Used by the lab (one per node, inside the node's network namespace) and by the tests (several on
+loopback, each playing a node). Needs Debian's ``openssh-server``.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+SSHD = "/usr/sbin/sshd"
+
+
+def keygen(path: Path, comment: str = "sparkbook") -> Path:
+    """An ed25519 key pair at ``path`` (kept when it exists); returns the private key's path."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+                       check=True)
+    return path
+
+
+@dataclass
+class SshServer:
+    """One sshd. ``prefix`` runs it elsewhere, e.g. ``["ip", "netns", "exec", "node1"]``."""
+
+    root: Path
+    port: int
+    address: str = "127.0.0.1"
+    authorized_keys: Sequence[Path] = ()
+    prefix: Sequence[str] = ()
+    set_env: dict[str, str] | None = None
+
+    @property
+    def host_key(self) -> Path:
+        return self.root / "ssh_host_ed25519_key"
+
+    @property
+    def pidfile(self) -> Path:
+        return self.root / "sshd.pid"
+
+    def known_hosts_line(self) -> str:
+        """This server's known_hosts entry (``[addr]:port`` form when the port is not 22)."""
+        name = self.address if self.port == 22 else f"[{self.address}]:{self.port}"
+        kind, key = self.host_key.with_suffix(".pub").read_text().split()[:2]
+        return f"{name} {kind} {key}\n"
+
+    def config(self) -> str:
+        keys = self.root / "authorized_keys"
+        lines = [
+            f"Port {self.port}", f"ListenAddress {self.address}", f"HostKey {self.host_key}",
+            f"PidFile {self.pidfile}", f"AuthorizedKeysFile {keys}", "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no", "PermitRootLogin prohibit-password", "UsePAM no",
+            "StrictModes no", "PrintMotd no", "AcceptEnv LANG LC_*", "Subsystem sftp internal-sftp",
+            "MaxSessions 64", "MaxStartups 64:30:128", "LogLevel VERBOSE",
+        ]
+        if self.set_env:
+            lines.append("SetEnv " + " ".join(f"{k}={shlex.quote(v)}" for k, v in self.set_env.items()))
+        return "\n".join(lines) + "\n"
+
+    def start(self, wait: float = 10.0) -> "SshServer":
+        self.root.mkdir(parents=True, exist_ok=True)
+        Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # sshd's privilege-separation dir
+        keygen(self.host_key, f"sparkbook-{self.port}")
+        (self.root / "authorized_keys").write_text(
+            "".join(Path(str(k) + ".pub").read_text() for k in self.authorized_keys))
+        cfg = self.root / "sshd_config"
+        cfg.write_text(self.config())
+        subprocess.run([*self.prefix, SSHD, "-f", str(cfg), "-E", str(self.root / "sshd.log")],
+                       check=True)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if self.pidfile.exists() and self._listening():
+                return self
+            time.sleep(0.05)
+        raise RuntimeError(f"sshd on {self.address}:{self.port} did not start; see {self.root}/sshd.log")
+
+    def _listening(self) -> bool:
+        if self.prefix:  # in another namespace: trust the pidfile
+            return True
+        with socket.socket() as s:
+            s.settimeout(0.2)
+            return s.connect_ex((self.address, self.port)) == 0
+
+    def pid(self) -> int | None:
+        try:
+            return int(self.pidfile.read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def stop(self) -> None:
+        """Stop the server and every session it spawned."""
+        pid = self.pid()
+        if pid:
+            subprocess.run(["pkill", "-TERM", "-P", str(pid)], check=False)
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            for _ in range(100):
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.05)
+        self.pidfile.unlink(missing_ok=True)

@@ -1,0 +1,65 @@
+"""Plain tables for notebooks (HTML), terminals (text) and the run folder (CSV)."""
+
+from __future__ import annotations
+
+import csv
+import html
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+
+@dataclass
+class Table:
+    columns: Sequence[str]
+    rows: list[Sequence[Any]] = field(default_factory=list)
+    title: str = ""
+    title_colour: str | None = None
+    # (column, value) -> a CSS colour for the cell's text, or None
+    colour: Callable[[str, Any], str | None] | None = None
+    max_width: int = 48
+
+    @classmethod
+    def from_dicts(cls, records: Sequence[dict], title: str = "", **kw) -> "Table":
+        columns = list(dict.fromkeys(k for r in records for k in r))
+        return cls(columns, [[r.get(c, "") for c in columns] for r in records], title, **kw)
+
+    def _repr_html_(self) -> str:
+        def cell(col: str, value: Any) -> str:
+            text = html.escape("" if value is None else str(value))
+            colour = self.colour(col, value) if self.colour else None
+            if colour:
+                text = f"<b style='color:{colour}'>{text}</b>"
+            return f"<td style='text-align:left;vertical-align:top'>{text}</td>"
+
+        head = "".join(f"<th style='text-align:left'>{html.escape(c)}</th>" for c in self.columns)
+        body = "".join("<tr>" + "".join(cell(c, v) for c, v in zip(self.columns, r)) + "</tr>"
+                       for r in self.rows)
+        title = ""
+        if self.title:
+            style = f" style='color:{self.title_colour}'" if self.title_colour else ""
+            title = f"<h4{style}>{html.escape(self.title)}</h4>"
+        return f"<div class='sparkbook-table'>{title}<table><thead><tr>{head}</tr></thead>" \
+               f"<tbody>{body}</tbody></table></div>"
+
+    def to_text(self) -> str:
+        rows = [list(map(str, self.columns))] + [["" if v is None else str(v) for v in r]
+                                                 for r in self.rows]
+        widths = [min(max(len(r[i]) for r in rows), self.max_width) for i in range(len(self.columns))]
+        cut = lambda s, w: s if len(s) <= w else s[: w - 1] + "…"
+        lines = ["  ".join(cut(v, w).ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+        out = [lines[0], "-" * max(len(lines[0]), 1), *lines[1:]]
+        return "\n".join(([self.title] if self.title else []) + out)
+
+    __str__ = to_text
+
+    def _repr_pretty_(self, printer, cycle) -> None:  # IPython's text form (logs, terminals)
+        printer.text(self.to_text())
+
+    def write_csv(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(self.columns)
+            w.writerows(self.rows)
+        return path

@@ -1,0 +1,67 @@
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+
+from sparkbook.params import SSH, Node
+from sparkbook.sshd import SshServer, keygen
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+FIELD_SAMPLES = SHARED / "field-samples"
+
+
+def field_sample(name: str) -> str:
+    """A real output captured on a DGX Spark (../shared/field-samples), without its two header
+    lines; the test is skipped, visibly, where ../shared is absent."""
+    path = FIELD_SAMPLES / name
+    if not path.is_file():
+        pytest.skip(f"field sample {path} not present (../shared is absent on this machine)")
+    lines = path.read_text().splitlines(keepends=True)
+    assert lines[0].startswith("# source:"), f"{name}: first line must name the source"
+    return "".join(lines[2:])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class SshNodes:
+    """Several real sshd on loopback, each playing a node."""
+
+    def __init__(self, root: Path, count: int):
+        self.root = root
+        self.key = keygen(root / "client" / "id_ed25519", "sparkbook-tests")
+        self.servers = [SshServer(root / f"node{i}", free_port(), authorized_keys=[self.key])
+                        for i in range(count)]
+        for s in self.servers:
+            s.start()
+        self.known_hosts = root / "client" / "known_hosts"
+        self.known_hosts.write_text("".join(s.known_hosts_line() for s in self.servers))
+
+    def nodes(self, names=None) -> list[Node]:
+        names = names or [f"node{i}" for i in range(len(self.servers))]
+        return [Node(name=n, host="127.0.0.1", port=s.port, user="root", key=str(self.key),
+                     role="head" if i == 0 else "worker")
+                for i, (n, s) in enumerate(zip(names, self.servers))]
+
+    def ssh(self, **kw) -> SSH:
+        return SSH(known_hosts=[str(self.known_hosts)], **kw)
+
+    def stop(self):
+        for s in self.servers:
+            s.stop()
+
+
+@pytest.fixture(scope="session")
+def ssh_nodes(tmp_path_factory):
+    if not (shutil.which("sshd") or os.path.exists("/usr/sbin/sshd")):
+        pytest.skip("openssh-server is not installed (scripts/bootstrap installs it)")
+    if os.geteuid() != 0:
+        pytest.skip("the loopback sshd nodes need root (sshd privilege separation)")
+    nodes = SshNodes(tmp_path_factory.mktemp("sshd"), 3)
+    yield nodes
+    nodes.stop()

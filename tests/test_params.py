@@ -1,0 +1,147 @@
+"""The parameters schema: valid files load; every bad field is reported by its path."""
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sparkbook.params import ParamsError, load, validate
+
+ROOT = Path(__file__).resolve().parents[1]
+PARAMS = sorted((ROOT / "parameters").glob("*.yaml"))
+
+
+def pair() -> dict:
+    return yaml.safe_load((ROOT / "parameters" / "dgx-spark-pair.yaml").read_text())
+
+
+def problems(data) -> dict[str, str]:
+    with pytest.raises(ParamsError) as e:
+        validate(data, "test.yaml")
+    return dict(e.value.problems)
+
+
+@pytest.mark.parametrize("path", PARAMS, ids=lambda p: p.name)
+def test_shipped_parameter_files_load(path):
+    p = load(path)
+    assert p.name == path.stem and sum(n.role == "head" for n in p.nodes) == 1
+
+
+def test_reference_pair_describes_the_reference_deployment():
+    p = load(ROOT / "parameters" / "dgx-spark-pair.yaml")
+    assert [n.name for n in p.nodes] == ["spark-1", "spark-2"]
+    assert p.model.name == "Qwen/Qwen3.5-122B-A10B-FP8"
+    assert p.runtime.image.startswith("hellohal2064/vllm-qwen3.5-gb10")
+    assert (p.serving.tensor_parallel_size, p.serving.executor) == (2, "ray")
+    assert p.serving.reasoning_parser == "qwen3" and p.serving.tool_call_parser
+    for n in p.nodes:
+        assert [(r.interface, r.hca) for r in n.rails] == [
+            ("enp1s0f1np1", "rocep1s0f1"), ("enP2p1s0f1np1", "roceP2p1s0f1")]
+
+
+def test_quad_has_four_nodes_and_tp4():
+    p = load(ROOT / "parameters" / "dgx-spark-quad.yaml")
+    assert len(p.nodes) == 4 and len(p.workers) == 3 and p.serving.tensor_parallel_size == 4
+
+
+def test_every_bad_field_is_listed_by_path_in_one_error():
+    d = pair()
+    d["nodes"][1]["rails"][0]["ip"] = "192.168.100.300"
+    d["nodes"][0]["port"] = 70000
+    d["serving"]["executor"] = "slurm"
+    d["serving"]["gpu_memory_utilization"] = 1.5
+    d["ports"]["api"] = "eighty"
+    d["model"]["path"] = "relative/dir"
+    d["nodes"][0]["rails"][1]["interface"] = "a-name-longer-than-15"
+    got = problems(d)
+    assert set(got) == {
+        "nodes[1].rails[0].ip", "nodes[0].port", "serving.executor",
+        "serving.gpu_memory_utilization", "ports.api", "model.path", "nodes[0].rails[1].interface"}
+    assert got["nodes[1].rails[0].ip"].startswith("not an IPv4 address")
+    assert "'ray' or 'mp'" in got["serving.executor"]
+    assert "absolute path" in got["model.path"]
+
+
+def test_error_message_has_one_line_per_field_and_no_traceback():
+    d = pair()
+    del d["model"]
+    d["nodes"][0]["typo_field"] = 1
+    with pytest.raises(ParamsError) as e:
+        validate(d, "x.yaml")
+    text = str(e.value)
+    assert text.splitlines() == [
+        "x.yaml: 2 invalid fields",
+        "  nodes[0].typo_field: unknown field (allowed here: see the schema in sparkbook/params.py)",
+        "  model: required field is missing",
+    ]
+    rendered = e.value._render_traceback_()
+    assert not any("Traceback" in line or "File " in line for line in rendered)
+
+
+def test_cross_field_problems():
+    d = pair()
+    d["nodes"][1]["role"] = "head"
+    d["nodes"][1]["rails"][1]["ip"] = "192.168.101.10"  # same as spark-1's second rail
+    d["nodes"][1]["name"] = "spark-1"
+    d["ports"]["ray"] = 8000
+    d["serving"]["tensor_parallel_size"] = 4
+    got = problems(d)
+    assert "exactly one node must have role 'head' (found 2)" in got["nodes"]
+    assert "also nodes[0].rails[1].ip" in got["nodes[1].rails[1].ip"]
+    assert "duplicate" in got["nodes[1].name"]
+    assert "ports.ray" in got["ports.api"]
+    assert "exceeds the 2 GPUs" in got["serving.tensor_parallel_size"]
+
+
+def test_rails_of_one_node_need_their_own_subnets():
+    d = pair()
+    d["nodes"][0]["rails"][1]["ip"] = "192.168.100.20"
+    assert "same subnet 192.168.100.0/24" in problems(d)["nodes[0].rails[1].ip"]
+
+
+@pytest.mark.parametrize("name", ["x; touch pwned", "$(id)", "../up", "a b", ""])
+def test_node_names_that_could_reach_a_shell_or_a_path_are_refused(name):
+    d = pair()
+    d["nodes"][0]["name"] = name
+    assert "nodes[0].name" in problems(d)
+
+
+def test_host_with_shell_characters_is_refused():
+    d = pair()
+    d["nodes"][1]["host"] = "spark-2; rm -rf /"
+    assert "not a host name" in problems(d)["nodes[1].host"]
+
+
+def test_secret_looking_values_are_not_echoed():
+    d = pair()
+    d["model"]["hf_token"] = "hf_supersecretvalue"
+    got = problems(d)
+    assert "model.hf_token" in got and "hf_supersecret" not in str(got)
+
+
+def test_docker_runtime_needs_an_image_and_venv_a_path():
+    d = pair()
+    d["runtime"] = {"kind": "docker"}
+    assert "runtime.image" in problems(d)
+    d["runtime"] = {"kind": "venv"}
+    assert "runtime.venv" in problems(d)
+
+
+def test_unreadable_and_malformed_files(tmp_path):
+    with pytest.raises(ParamsError, match="cannot read"):
+        load(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("nodes: [\n  - name: a\n")
+    with pytest.raises(ParamsError, match="not valid YAML"):
+        load(bad)
+    bad.write_text("- just\n- a list\n")
+    with pytest.raises(ParamsError, match="must be a mapping"):
+        load(bad)
+
+
+def test_nothing_is_mutated_by_validation():
+    d = pair()
+    before = copy.deepcopy(d)
+    validate(d)
+    assert d == before

@@ -1,0 +1,144 @@
+"""The remote layer against real OpenSSH servers on loopback (no mocks)."""
+
+import io
+import time
+
+import pytest
+
+from sparkbook.errors import CheckFailed
+from sparkbook.params import SSH, Node
+from sparkbook.remote import Cluster, connection, sh, wrap
+
+
+def test_parallel_run_reaches_each_node_and_overlaps(ssh_nodes):
+    cluster = Cluster(ssh_nodes.nodes(), ssh_nodes.ssh())
+    res = cluster.run('date +%s.%N; echo "$SSH_CONNECTION"; sleep 1; date +%s.%N')
+    assert res.ok and list(res) == ["node0", "node1", "node2"]
+    spans = []
+    for server, r in zip(ssh_nodes.servers, res.values()):
+        start, conn, end = r.stdout.split("\n")[:3]
+        assert conn.split()[-1] == str(server.port)  # each node answered on its own sshd
+        spans.append((float(start), float(end)))
+    assert max(s for s, _ in spans) < min(e for _, e in spans), "the nodes did not run at once"
+
+
+def test_failing_command_is_kept_per_node_and_check_names_it(ssh_nodes):
+    cluster = Cluster(ssh_nodes.nodes(), ssh_nodes.ssh())
+    res = cluster.run(lambda n: "echo oops >&2; exit 3" if n.name == "node1" else "true")
+    assert res["node0"].ok and res["node2"].ok
+    bad = res["node1"]
+    assert (bad.exit_code, bad.stderr.strip(), bad.error) == (3, "oops", None)
+    with pytest.raises(CheckFailed) as e:
+        res.check("probe", remedy="fix node1")
+    msg = str(e.value)
+    assert "node1: exit code 3: oops" in msg and "command: echo oops" in msg and "fix node1" in msg
+    assert "node0" not in msg
+
+
+def test_timeout_stops_the_remote_command(ssh_nodes):
+    cluster = Cluster(ssh_nodes.nodes()[:1], ssh_nodes.ssh())
+    res = cluster.run("sleep 37.25", timeout=1)["node0"]
+    assert res.timed_out and not res.ok and "timed out" in res.error
+    assert res.duration < 10
+    time.sleep(0.5)
+    left = cluster.run("pgrep -f 'slee[p] 37.25' || true")["node0"].stdout.strip()
+    assert left == "", f"the timed-out command still runs: pids {left}"
+
+
+def test_streamed_output_is_prefixed_by_node(ssh_nodes):
+    out = io.StringIO()
+    Cluster(ssh_nodes.nodes(), ssh_nodes.ssh()).run("echo one; echo two", stream=out)
+    lines = out.getvalue().splitlines()
+    for n in ("node0", "node1", "node2"):
+        assert [ln for ln in lines if ln.startswith(f"[{n}] ")] == [f"[{n}] one", f"[{n}] two"]
+
+
+def test_one_connection_per_node_is_reused(ssh_nodes):
+    node, ssh = ssh_nodes.nodes()[0], ssh_nodes.ssh()
+    cluster = Cluster([node], ssh)
+    first = cluster.run('echo "$SSH_CONNECTION"')["node0"]
+    transport = connection(node, ssh).transport
+    second = cluster.run('echo "$SSH_CONNECTION"')["node0"]
+    assert transport is not None and connection(node, ssh).transport is transport
+    # the same client port: both commands came over one TCP connection
+    assert first.stdout.split()[1] == second.stdout.split()[1]
+
+
+def test_quoting_keeps_values_out_of_the_shell(ssh_nodes, tmp_path):
+    cluster = Cluster(ssh_nodes.nodes()[:1], ssh_nodes.ssh())
+    evil = "x; touch pwned"
+    res = cluster.run(["ls", "-d", str(tmp_path / evil)])["node0"]
+    assert res.exit_code != 0  # ls looked for one odd file name and did not find it
+    res = cluster.run(sh("cd {d} && mkdir -p {p} && ls", d=tmp_path, p=evil))["node0"]
+    assert res.ok and res.stdout.strip() == evil
+    res = cluster.run("cd " + str(tmp_path) + " && echo \"$X\"", env={"X": "$(touch pwned2)"})
+    assert res["node0"].stdout.strip() == "$(touch pwned2)"
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "pwned2").exists()
+    assert "'x; touch pwned'" in wrap(["ls", evil], 5)
+
+
+def test_unknown_host_key_is_an_error_not_a_prompt(ssh_nodes, tmp_path):
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    node = ssh_nodes.nodes()[1]
+    res = Cluster([node], SSH(known_hosts=[str(empty)], connect_timeout=5)).run("true")["node1"]
+    assert not res.ok and res.exit_code is None
+    assert "unknown host key" in res.error and str(node.port) in res.error
+    assert "ssh-keyscan" in res.error
+
+
+def test_changed_host_key_is_refused(ssh_nodes, tmp_path):
+    a, b = ssh_nodes.servers[0], ssh_nodes.servers[2]
+    lying = tmp_path / "known_hosts"
+    # node2's address with node0's key: what a reinstalled or impostor host looks like
+    lying.write_text(a.known_hosts_line().replace(f"]:{a.port} ", f"]:{b.port} "))
+    node = ssh_nodes.nodes()[2]
+    res = Cluster([node], SSH(known_hosts=[str(lying)], connect_timeout=5)).run("true")["node2"]
+    assert not res.ok and "HOST KEY CHANGED" in res.error and "ssh-keygen -R" in res.error
+
+
+def test_unreachable_node_is_reported_not_raised(ssh_nodes):
+    from conftest import free_port
+    nodes = ssh_nodes.nodes()[:1] + [Node(name="ghost", host="127.0.0.1", port=free_port(),
+                                          key=str(ssh_nodes.key), user="root")]
+    res = Cluster(nodes, ssh_nodes.ssh(connect_timeout=3)).run("true")
+    assert res["node0"].ok
+    assert "cannot connect" in res["ghost"].error
+
+
+def test_ssh_config_alias_and_proxyjump(ssh_nodes, tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    s0, s1 = ssh_nodes.servers[:2]
+    (home / ".ssh" / "config").write_text(
+        f"Host jumpbox\n  HostName 127.0.0.1\n  Port {s0.port}\n  User root\n"
+        f"  IdentityFile {ssh_nodes.key}\n"
+        f"Host behind\n  HostName 127.0.0.1\n  Port {s1.port}\n  User root\n"
+        f"  IdentityFile {ssh_nodes.key}\n  ProxyJump jumpbox\n")
+    monkeypatch.setenv("HOME", str(home))
+    nodes = [Node(name="alias", host="jumpbox"), Node(name="jumped", host="behind")]
+    res = Cluster(nodes, ssh_nodes.ssh()).run('echo "$SSH_CONNECTION"')
+    assert res.ok, res
+    assert res["alias"].stdout.split()[-1] == str(s0.port)
+    assert res["jumped"].stdout.split()[-1] == str(s1.port)
+    # the hop's host key is checked too: without it the jumped node is refused
+    only_target = tmp_path / "kh"
+    only_target.write_text(s1.known_hosts_line())
+    bad = Cluster(nodes[1:], SSH(known_hosts=[str(only_target)])).run("true")["jumped"]
+    assert not bad.ok and "unknown host key" in bad.error
+    assert f"[127.0.0.1]:{s0.port} (a ProxyJump hop)" in bad.error
+
+
+def test_local_node_runs_without_ssh(tmp_path):
+    res = Cluster([Node(name="here", host="localhost", local=True)]).run(
+        sh("echo {v} > {f}; cat {f}", v="a b", f=tmp_path / "f"))
+    assert res["here"].ok and res["here"].stdout == "a b\n"
+
+
+def test_put_copies_to_every_node(ssh_nodes, tmp_path):
+    src = tmp_path / "script.py"
+    src.write_text("print('hi')\n")
+    dest = tmp_path / "remote dir" / "s.py"
+    res = Cluster(ssh_nodes.nodes()[:2], ssh_nodes.ssh()).put(src, str(dest), mode=0o755)
+    assert res.ok, res
+    assert dest.read_text() == "print('hi')\n" and dest.stat().st_mode & 0o777 == 0o755

@@ -1,0 +1,146 @@
+"""The runner, the report and the notebook convention, on small test notebooks."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from sparkbook.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCALHOST = ROOT / "parameters" / "localhost.yaml"
+PARAMS_CELL = "params_file = None\nrun_dir = None"
+
+
+def notebook(path: Path, *sources: str) -> Path:
+    nb = new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    cell = new_code_cell(PARAMS_CELL)
+    cell.metadata["tags"] = ["parameters"]
+    nb.cells = [new_markdown_cell("# test"), cell] + [new_code_cell(s) for s in sources]
+    nbformat.write(nb, path)
+    return path
+
+
+START = "import sparkbook as sb\nctx = sb.notebook.start(globals())"
+
+
+@pytest.fixture
+def books(tmp_path):
+    d = tmp_path / "notebooks"
+    d.mkdir()
+    notebook(d / "00_first.ipynb", START, "ctx.save_json('first.json', {'name': ctx.params.name})")
+    notebook(d / "01_second.ipynb", START, "from sparkbook import Check, Verdict\n"
+             "ctx.conclude(Verdict('second', [Check('disk', 'node-a', 'FAIL', '1 GB free', "
+             "'100 GB', 'free some space')]), '01_second')")
+    notebook(d / "02_third.ipynb", START, "open('third-ran', 'w').write('yes')")
+    (d / "notes.ipynb").write_text((d / "00_first.ipynb").read_text())  # not numbered: not a step
+    return d
+
+
+def test_passing_run_writes_outputs_summary_and_report(books, tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["run", "-p", str(LOCALHOST), "--notebooks", str(books), "--steps", "00", "--out", str(out)])
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "passed" and [s["name"] for s in summary["steps"]] == ["00_first"]
+    assert summary["steps"][0]["status"] == "passed" and summary["steps"][0]["duration_s"] > 0
+    assert json.loads((out / "first.json").read_text()) == {"name": "localhost"}
+    executed = nbformat.read(out / "00_first.ipynb", as_version=4)
+    text = "".join(o.get("text", "") for c in executed.cells for o in c.get("outputs", []))
+    assert f"parameters: {LOCALHOST}" in text and f"run folder: {out}" in text
+    report = (out / "report.html").read_text()
+    assert "00_first" in report and "PASSED" in report and "cdnjs" not in report
+    assert (out / "parameters.yaml").read_text() == LOCALHOST.read_text()
+
+
+def test_failing_step_stops_the_run_and_says_why(books, tmp_path):
+    out = tmp_path / "run"
+    code = main(["run", "-p", str(LOCALHOST), "--notebooks", str(books), "--out", str(out)])
+    assert code == 1
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "failed"
+    steps = {s["name"]: s for s in summary["steps"]}
+    assert list(steps) == ["00_first", "01_second", "02_third"]
+    assert steps["00_first"]["status"] == "passed"
+    assert steps["01_second"]["status"] == "failed"
+    err = steps["01_second"]["error"]
+    assert err.startswith("CheckFailed: second: 1 check(s) failed")
+    assert "disk on node-a: 1 GB free (expected 100 GB)" in err and "remedy: free some space" in err
+    assert steps["02_third"] == {**steps["02_third"], "status": "skipped", "error": None}
+    assert not (books / "third-ran").exists()
+    assert json.loads((out / "verdicts" / "01_second.json").read_text())["status"] == "FAIL"
+    report = (out / "report.html").read_text()
+    assert "free some space" in report and "FAILED" in report
+    # the report can be rebuilt from the folder alone
+    (out / "report.html").unlink()
+    assert main(["report", str(out)]) == 0 and (out / "report.html").exists()
+
+
+def test_bad_parameters_run_nothing(books, tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(LOCALHOST.read_text().replace("tensor_parallel_size: 1", "tensor_parallel_size: 0"))
+    out = tmp_path / "run"
+    assert main(["run", "-p", str(bad), "--notebooks", str(books), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "serving.tensor_parallel_size: Input should be greater than or equal to 1" in err
+    assert "Traceback" not in err and not out.exists()
+
+
+def test_unknown_step_is_refused(books, tmp_path, capsys):
+    assert main(["run", "-p", str(LOCALHOST), "--notebooks", str(books), "--steps", "00,07",
+                 "--out", str(tmp_path / "r")]) == 2
+    assert "unknown step(s): 07" in capsys.readouterr().err
+
+
+def test_step_selection_by_name(books, tmp_path):
+    out = tmp_path / "run"
+    main(["run", "-p", str(LOCALHOST), "--notebooks", str(books), "--steps", "third,first", "--out", str(out)])
+    summary = json.loads((out / "summary.json").read_text())
+    assert [s["name"] for s in summary["steps"]] == ["00_first", "02_third"]
+
+
+def test_papermill_directly_with_injected_fields(tmp_path):
+    """`papermill NB OUT -f parameters/X.yaml` injects the fields; the notebook validates them."""
+    out = tmp_path / "out.ipynb"
+    proc = subprocess.run(
+        [sys.executable, "-m", "papermill", str(ROOT / "notebooks" / "00_inventory.ipynb"), str(out),
+         "-f", str(LOCALHOST), "-p", "run_dir", str(tmp_path / "run"), "--no-progress-bar"],
+        capture_output=True, text=True, cwd=ROOT / "notebooks")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = "".join(o.get("text", "") for c in nbformat.read(out, 4).cells for o in c.get("outputs", []))
+    assert "parameters: injected by papermill (deployment 'localhost')" in text
+    assert json.loads((tmp_path / "run" / "inventory.json").read_text())[0]["node"] == "this-machine"
+
+
+def test_notebook_without_injection_uses_env_params(books, tmp_path):
+    """As in JupyterLab: nothing injected; $SPARKBOOK_PARAMS names the file."""
+    out = tmp_path / "out.ipynb"
+    env = {**os.environ, "SPARKBOOK_PARAMS": str(LOCALHOST), "SPARKBOOK_RUN_DIR": str(tmp_path / "r")}
+    proc = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "notebook", "--execute",
+                           str(books / "00_first.ipynb"), "--output", str(out)],
+                          capture_output=True, text=True, env=env, cwd=books)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = "".join(o.get("text", "") for c in nbformat.read(out, 4).cells for o in c.get("outputs", []))
+    assert f"parameters: {LOCALHOST}" in text
+    assert (tmp_path / "r" / "first.json").exists()
+
+
+def test_injected_bad_field_fails_the_cell_with_the_path(tmp_path):
+    out = tmp_path / "out.ipynb"
+    proc = subprocess.run(
+        [sys.executable, "-m", "papermill", str(ROOT / "notebooks" / "00_inventory.ipynb"), str(out),
+         "-f", str(LOCALHOST), "-y", "ports: {api: eighty}", "--no-progress-bar"],
+        capture_output=True, text=True, cwd=ROOT / "notebooks")
+    assert proc.returncode != 0
+    assert "ports.api: Input should be a valid integer" in proc.stderr, proc.stderr[-2000:]
+    # the failure is the validation message, not a wall of frames
+    executed = nbformat.read(out, 4)
+    errors = [o for c in executed.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert len(errors) == 1 and errors[0]["ename"] == "ParamsError"
+    assert not any(".py" in line for line in errors[0]["traceback"])
