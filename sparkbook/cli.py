@@ -8,6 +8,7 @@ from pathlib import Path
 
 from . import __version__
 from .errors import SparkbookError
+from .lab.lab import FAULTS
 from .params import default_params_file
 
 
@@ -48,6 +49,35 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_lab(args: argparse.Namespace) -> int:
+    from .lab import Lab, faults
+    from .tables import Table
+    lab = Lab()
+    if args.lab_command == "up":
+        path = lab.up(args.nodes)
+        print(f"parameters: {path}")
+    elif args.lab_command == "down":
+        for line in lab.down():
+            print(f"  removed {line}")
+    elif args.lab_command == "status":
+        rows = lab.status()
+        print(Table.from_dicts(rows, title="lab").to_text() if rows else "lab: not up")
+    elif args.lab_command == "image":
+        from .lab import lab_params
+        from .lab.image import build, ensure
+        image = lab_params()["runtime"]["image"]
+        if args.force:
+            build(image, force=True)
+        print(f"model: {ensure(image)}")
+    elif args.lab_command == "fault":
+        rec = faults.apply(lab, args.kind, args.node, port=args.port, rate=args.rate)
+        print(f"lab: fault {rec['kind']} on {rec['node']}: applied")
+    elif args.lab_command == "heal":
+        healed = faults.heal(lab, args.kind)
+        print("lab: healed " + (", ".join(f"{f['kind']} on {f['node']}" for f in healed) or "nothing"))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="sparkbook", description="Runbook for multi-node vLLM on DGX Spark (and other GPU nodes).")
@@ -73,6 +103,26 @@ def parser() -> argparse.ArgumentParser:
                        "executed notebooks.")
     p.add_argument("run_dir", type=Path, metavar="DIR")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("lab", help="the local lab of simulated DGX Spark nodes",
+                       description="Build, inspect, break and remove the local lab: N simulated DGX "
+                       "Spark nodes on this machine (network namespaces with their own sshd and "
+                       "Docker daemon, fabric rails, replayed GPU and RDMA tools). Needs root.")
+    lsub = p.add_subparsers(dest="lab_command", required=True, metavar="LAB_COMMAND")
+    q = lsub.add_parser("up", help="build the lab (idempotent) and print its parameters file")
+    q.add_argument("--nodes", type=int, default=2, help="number of nodes (default: 2)")
+    lsub.add_parser("down", help="remove everything the lab made")
+    lsub.add_parser("status", help="each node's state")
+    q = lsub.add_parser("image", help="build the lab's serving image and model (cached)")
+    q.add_argument("--force", action="store_true", help="rebuild even when the inputs did not change")
+    q = lsub.add_parser("fault", help="apply a reversible fault")
+    q.add_argument("kind", choices=FAULTS)
+    q.add_argument("--node", help="node to break (default: the first worker; the head for port-busy)")
+    q.add_argument("--port", type=int, help="port-busy: the port (default: the API port)")
+    q.add_argument("--rate", default="200mbit", help="slow-link: the rate limit (default: 200mbit)")
+    q = lsub.add_parser("heal", help="undo faults (all, or one kind)")
+    q.add_argument("kind", nargs="?", choices=FAULTS)
+    p.set_defaults(func=cmd_lab)
 
     p = sub.add_parser("validate", help="check a parameters file",
                        description="Validate a parameters file; list every bad field by its path.")

@@ -40,7 +40,9 @@ def script(params: Params) -> str:
         "else echo docker_version=absent; fi",
         "echo '@@ gpu'",
         "if command -v nvidia-smi >/dev/null 2>&1; then",
-        f"  nvidia-smi --query-gpu={','.join(GPU_FIELDS)} --format=csv,noheader 2>&1 || echo 'nvidia-smi failed'",
+        "  err=$(mktemp)",
+        f"  nvidia-smi --query-gpu={','.join(GPU_FIELDS)} --format=csv,noheader 2>\"$err\" ||"
+        ' echo "nvidia-smi failed: $(tail -n 1 "$err")"; rm -f "$err"',
         "else echo 'nvidia-smi absent'; fi",
     ])
 

@@ -58,3 +58,138 @@ def parse_key_values(text: str) -> dict[str, str]:
             k, v = line.split("=", 1)
             out[k.strip()] = v.strip()
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# nvidia-smi, plain table. Real GB10 tables: ../shared/field-samples/nvidia-smi-{1..6}.txt.
+
+_SMI_HEADER = re.compile(r"NVIDIA-SMI\s+(\S+)\s+Driver Version:\s+(\S+)\s+CUDA Version:\s+(\S+)")
+_SMI_GPU = re.compile(r"^\|\s+(\d+)\s+(.+?)\s+(On|Off)\s+\|\s+(\S+)\s+(On|Off)\s+\|")
+_SMI_MEM = re.compile(r"^\|\s+\S+\s+\S+\s+\S+\s+.*?\|\s+(.+?)\s+\|\s+(\d+)%")
+_SMI_PROC = re.compile(r"^\|\s+(\d+)\s+(\S+)\s+(\S+)\s+(\d+)\s+(\S+)\s+(.+?)\s+(\d+)MiB\s+\|$")
+
+
+def parse_nvidia_smi_table(text: str) -> dict:
+    """Driver and CUDA versions, GPUs (index, name, bus id, memory usage as printed, utilisation)
+    and processes (gpu, pid, type, name, MiB) of the plain ``nvidia-smi`` table."""
+    out: dict = {"driver": None, "cuda": None, "gpus": [], "processes": []}
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if m := _SMI_HEADER.search(line):
+            out["driver"], out["cuda"] = m[2], m[3]
+        elif m := _SMI_GPU.match(line):
+            gpu = {"index": int(m[1]), "name": m[2], "bus_id": m[4], "memory": None, "util_percent": None}
+            if i + 1 < len(lines) and (mm := _SMI_MEM.match(lines[i + 1])):
+                gpu["memory"] = _value(mm[1])
+                gpu["util_percent"] = int(mm[2])
+            out["gpus"].append(gpu)
+        elif m := _SMI_PROC.match(line):
+            out["processes"].append({"gpu": int(m[1]), "pid": int(m[4]), "type": m[5],
+                                     "name": m[6], "memory_mib": int(m[7])})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# ibdev2netdev (Mellanox OFED / DOCA). Real Spark outputs: field-samples/ibdev2netdev-*.txt.
+
+_IBDEV = re.compile(r"^(\S+)\s+port\s+(\d+)\s+==>\s+(\S+)\s+\((\w+)\)")
+
+
+def parse_ibdev2netdev(text: str) -> dict[str, dict]:
+    """``{hca: {"port": 1, "netdev": "enp1s0f1np1", "up": True}}``."""
+    out = {}
+    for line in text.splitlines():
+        if m := _IBDEV.match(line.strip()):
+            out[m[1]] = {"port": int(m[2]), "netdev": m[3], "up": m[4].lower() == "up"}
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# ibv_devinfo (rdma-core). Real Spark output: field-samples/ibv_devinfo-1.txt.
+
+def parse_ibv_devinfo(text: str) -> dict[str, dict]:
+    """``{hca: {"fw_ver": ..., "ports": {1: {"state": "PORT_ACTIVE", "active_mtu": 4096,
+    "link_layer": "Ethernet", ...}}}}``."""
+    out: dict[str, dict] = {}
+    dev = port = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or ":" not in line:
+            continue
+        key, value = (s.strip() for s in line.split(":", 1))
+        if key == "hca_id":
+            dev = out.setdefault(value, {"ports": {}})
+            port = None
+        elif dev is None:
+            continue
+        elif key == "port":
+            port = dev["ports"].setdefault(int(value), {})
+        elif port is not None:
+            if key in ("state", "phys_state"):
+                port[key] = value.split()[0]
+            elif key in ("max_mtu", "active_mtu"):
+                port[key] = int(value.split()[0])
+            else:
+                port[key] = value
+        else:
+            dev[key] = value
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# ibstat (infiniband-diags).
+
+_IBSTAT_CA = re.compile(r"^CA '([^']+)'")
+_IBSTAT_PORT = re.compile(r"^Port (\d+):")
+
+
+def parse_ibstat(text: str) -> dict[str, dict]:
+    """``{hca: {"ca_type": ..., "firmware": ..., "ports": {1: {"state": "Active",
+    "physical_state": "LinkUp", "rate": 200, "link_layer": "Ethernet"}}}}``."""
+    out: dict[str, dict] = {}
+    ca = port = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if m := _IBSTAT_CA.match(line):
+            ca, port = out.setdefault(m[1], {"ports": {}}), None
+        elif ca is None:
+            continue
+        elif m := _IBSTAT_PORT.match(line):
+            port = ca["ports"].setdefault(int(m[1]), {})
+        elif ":" in line:
+            key, value = (s.strip() for s in line.split(":", 1))
+            key = key.lower().replace(" ", "_")
+            target = port if port is not None else ca
+            if key == "rate":
+                target[key] = int(value) if value.isdigit() else None
+            elif key == "firmware_version":
+                ca["firmware"] = value
+            else:
+                target[key] = value
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# ethtool. Real Spark outputs ('ethtool IF | grep Speed' with the prompt naming the interface):
+# field-samples/ethtool-speed-grep-*.txt. Full 'ethtool IF' output starts with 'Settings for IF:'.
+
+_ETHTOOL_IF = re.compile(r"(?:Settings for (\S+):|\bethtool\s+(\S+))")
+_ETHTOOL_SPEED = re.compile(r"^\s*Speed:\s*(?:(\d+)Mb/s|(Unknown!?))")
+_ETHTOOL_LINK = re.compile(r"^\s*Link detected:\s*(yes|no)")
+
+
+def parse_ethtool(text: str) -> dict[str | None, dict]:
+    """``{interface: {"speed_mbps": 200000 or None, "link": True/False/None}}``; the interface is
+    taken from 'Settings for IF:' or from a shell prompt running 'ethtool IF', else None."""
+    out: dict[str | None, dict] = {}
+    current: str | None = None
+    for line in text.splitlines():
+        if m := _ETHTOOL_IF.search(line):
+            current = (m[1] or m[2]).rstrip(":")
+            out.setdefault(current, {"speed_mbps": None, "link": None})
+        elif m := _ETHTOOL_SPEED.match(line):
+            out.setdefault(current, {"speed_mbps": None, "link": None})["speed_mbps"] = (
+                int(m[1]) if m[1] else None)
+        elif m := _ETHTOOL_LINK.match(line):
+            out.setdefault(current, {"speed_mbps": None, "link": None})["link"] = m[1] == "yes"
+    return out

@@ -151,9 +151,21 @@ def _guard_host_keys(conn: Connection, known_hosts: Iterable[str]) -> None:
         conn = conn.gateway
 
 
+def _key(node: Node, ssh: SSH) -> tuple:
+    return (node.host, node.user, node.port, node.key, tuple(ssh.known_hosts), ssh.connect_timeout)
+
+
+def drop(node: Node, ssh: SSH) -> None:
+    """Close the node's connection and forget it: the next command opens a new one."""
+    with _connections_lock:
+        conn = _connections.pop(_key(node, ssh), None)
+    if conn is not None:
+        conn.close()
+
+
 def connection(node: Node, ssh: SSH) -> Connection:
     """The node's SSH connection, opened once and reused (one per node per process)."""
-    key = (node.host, node.user, node.port, node.key, tuple(ssh.known_hosts), ssh.connect_timeout)
+    key = _key(node, ssh)
     with _connections_lock:
         conn = _connections.get(key)
         if conn is None:
@@ -224,25 +236,38 @@ def _run_one(node: Node, ssh: SSH, cmd: Command, timeout: float, env: Mapping[st
                 timeout=timeout + KILL_GRACE_S + ssh.connect_timeout + 5)
     conn = None
     start = time.monotonic()
+    # A node that dies under an open connection leaves Paramiko waiting forever (opening a
+    # channel has no timeout): past the hard limit the connection is dropped, which unblocks it.
+    hung = threading.Event()
+    watchdog = None
     try:
         if node.local:
             r = invoke.Context().run(line, **opts)
         else:
             conn = connection(node, ssh)
+            watchdog = threading.Timer(opts["timeout"] + 5, lambda: (hung.set(), drop(node, ssh)))
+            watchdog.daemon = True
+            watchdog.start()
             r = conn.run(line, **opts)
         code, stdout, stderr = r.exited, r.stdout, r.stderr
     except invoke.CommandTimedOut as e:
         return Result(node.name, shown, None, e.result.stdout, e.result.stderr,
                       time.monotonic() - start, f"no answer within {timeout:.0f} s", True)
     except Exception as e:  # SSH errors of every kind end here, per node
-        if conn is not None:
-            conn.close()
-        return Result(node.name, shown, None, duration=time.monotonic() - start,
-                      error=ssh_error(e, node, conn))
+        drop(node, ssh)
+        if not hung.is_set():
+            return Result(node.name, shown, None, duration=time.monotonic() - start,
+                          error=ssh_error(e, node, conn))
     finally:
+        if watchdog is not None:
+            watchdog.cancel()
         for s in (out, err):
             if s is not None:
                 s.flush()
+    if hung.is_set():  # whether the dropped connection raised or returned
+        return Result(node.name, shown, None, duration=time.monotonic() - start, timed_out=True,
+                      error=f"ssh {_target(node, conn)}: no answer within {opts['timeout']:.0f} s "
+                            "(the connection was dropped: is the node down?)")
     duration = time.monotonic() - start
     if code == TIMEOUT_STATUS and duration >= timeout - 0.5:
         return Result(node.name, shown, code, stdout, stderr, duration,

@@ -30,7 +30,8 @@ def keygen(path: Path, comment: str = "sparkbook") -> Path:
 
 @dataclass
 class SshServer:
-    """One sshd. ``prefix`` runs it elsewhere, e.g. ``["ip", "netns", "exec", "node1"]``."""
+    """One sshd. ``address`` is where clients reach it; ``listen`` what it binds (default: the
+    same). ``prefix`` runs it elsewhere, e.g. ``["nsenter", "-t", PID, "-a"]`` for a lab node."""
 
     root: Path
     port: int
@@ -38,6 +39,7 @@ class SshServer:
     authorized_keys: Sequence[Path] = ()
     prefix: Sequence[str] = ()
     set_env: dict[str, str] | None = None
+    listen: str | None = None
 
     @property
     def host_key(self) -> Path:
@@ -47,16 +49,18 @@ class SshServer:
     def pidfile(self) -> Path:
         return self.root / "sshd.pid"
 
-    def known_hosts_line(self) -> str:
-        """This server's known_hosts entry (``[addr]:port`` form when the port is not 22)."""
-        name = self.address if self.port == 22 else f"[{self.address}]:{self.port}"
-        kind, key = self.host_key.with_suffix(".pub").read_text().split()[:2]
-        return f"{name} {kind} {key}\n"
+    def known_hosts_line(self, names: Sequence[str] = ()) -> str:
+        """This server's known_hosts entry for its address and the other ``names`` it answers to
+        (``[name]:port`` form when the port is not 22)."""
+        names = [self.address, *names]
+        shown = ",".join(n if self.port == 22 else f"[{n}]:{self.port}" for n in names)
+        kind, key = Path(str(self.host_key) + ".pub").read_text().split()[:2]
+        return f"{shown} {kind} {key}\n"
 
     def config(self) -> str:
         keys = self.root / "authorized_keys"
         lines = [
-            f"Port {self.port}", f"ListenAddress {self.address}", f"HostKey {self.host_key}",
+            f"Port {self.port}", f"ListenAddress {self.listen or self.address}", f"HostKey {self.host_key}",
             f"PidFile {self.pidfile}", f"AuthorizedKeysFile {keys}", "PasswordAuthentication no",
             "KbdInteractiveAuthentication no", "PermitRootLogin prohibit-password", "UsePAM no",
             "StrictModes no", "PrintMotd no", "AcceptEnv LANG LC_*", "Subsystem sftp internal-sftp",
@@ -84,8 +88,6 @@ class SshServer:
         raise RuntimeError(f"sshd on {self.address}:{self.port} did not start; see {self.root}/sshd.log")
 
     def _listening(self) -> bool:
-        if self.prefix:  # in another namespace: trust the pidfile
-            return True
         with socket.socket() as s:
             s.settimeout(0.2)
             return s.connect_ex((self.address, self.port)) == 0
@@ -99,7 +101,10 @@ class SshServer:
     def stop(self) -> None:
         """Stop the server and every session it spawned."""
         pid = self.pid()
-        if pid:
+        if pid and self.prefix:  # the pidfile holds a pid of the node's own pid namespace
+            subprocess.run([*self.prefix, "pkill", "-TERM", "-P", str(pid)], check=False)
+            subprocess.run([*self.prefix, "kill", "-TERM", str(pid)], check=False)
+        elif pid:
             subprocess.run(["pkill", "-TERM", "-P", str(pid)], check=False)
             try:
                 os.kill(pid, signal.SIGTERM)

@@ -65,3 +65,28 @@ def ssh_nodes(tmp_path_factory):
     nodes = SshNodes(tmp_path_factory.mktemp("sshd"), 3)
     yield nodes
     nodes.stop()
+
+
+def _lab_possible() -> str | None:
+    if os.geteuid() != 0:
+        return "the lab needs root"
+    for tool in ("dockerd", "docker", "debootstrap", "ip", "nsenter", "unshare"):
+        if not shutil.which(tool):
+            return f"{tool} is not installed (scripts/bootstrap installs the lab's packages)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def lab():
+    """The 2-node lab, up for the whole session (the image is built first if needed, which takes
+    minutes the first time), and removed at the end, checking that nothing is left."""
+    why = _lab_possible()
+    if why:
+        pytest.skip(why)
+    from sparkbook.lab import Lab
+    from sparkbook.lab.lab import leftovers
+    the_lab = Lab()
+    the_lab.up(2)
+    yield the_lab
+    the_lab.down(say=lambda *_: None)
+    assert leftovers() == [], "lab down left things behind"

@@ -45,6 +45,27 @@ def test_timeout_stops_the_remote_command(ssh_nodes):
     assert left == "", f"the timed-out command still runs: pids {left}"
 
 
+def test_a_node_that_stops_answering_on_an_open_connection_does_not_hang(ssh_nodes):
+    import os
+    import signal
+    import subprocess
+    node, server = ssh_nodes.nodes()[2], ssh_nodes.servers[2]
+    cluster = Cluster([node], ssh_nodes.ssh())
+    assert cluster.run("true")["node2"].ok  # the connection is open and cached
+    sessions = subprocess.run(["pgrep", "-P", str(server.pid())], capture_output=True,
+                              text=True).stdout.split()
+    pids = [server.pid(), *map(int, sessions)]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)  # the node freezes: no answer, no reset
+    try:
+        res = cluster.run("true", timeout=1)["node2"]
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    assert res.timed_out and "no answer" in res.error and "dropped" in res.error
+    assert cluster.run("true")["node2"].ok  # a new connection works again
+
+
 def test_streamed_output_is_prefixed_by_node(ssh_nodes):
     out = io.StringIO()
     Cluster(ssh_nodes.nodes(), ssh_nodes.ssh()).run("echo one; echo two", stream=out)

