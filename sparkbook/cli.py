@@ -49,6 +49,20 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_preflight(args: argparse.Namespace) -> int:
+    from . import preflight
+    from .params import load
+    params = load(_params(args))
+    if params.lab:
+        from .lab import require_up
+        require_up()
+    verdict, _ = preflight.run(params)
+    print(verdict.to_text())
+    for c in verdict.failures:
+        print(f"FAIL {c.check} on {c.node}: {c.observed}\n  remedy: {c.remedy}")
+    return 1 if verdict.failures else 0
+
+
 def cmd_lab(args: argparse.Namespace) -> int:
     from .lab import Lab, faults
     from .tables import Table
@@ -103,6 +117,13 @@ def parser() -> argparse.ArgumentParser:
                        "executed notebooks.")
     p.add_argument("run_dir", type=Path, metavar="DIR")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("preflight", help="check the nodes before launch; exit 1 on any FAIL",
+                       description="Run every preflight check on all nodes in parallel (SSH, GPU, "
+                       "runtime, RoCE rails, path MTU, clocks, ports, disk, image, model, token) and "
+                       "print the verdict table. Exit code 1 when any check fails.")
+    _params_arg(p)
+    p.set_defaults(func=cmd_preflight)
 
     p = sub.add_parser("lab", help="the local lab of simulated DGX Spark nodes",
                        description="Build, inspect, break and remove the local lab: N simulated DGX "

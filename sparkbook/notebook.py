@@ -70,7 +70,10 @@ class Context:
 
 def resolve(namespace: Mapping[str, Any]) -> tuple[Params, str]:
     """The validated parameters of a notebook, and where they came from."""
-    injected = {k: namespace[k] for k in FIELDS if k in namespace}
+    # Injected values are plain data; a module or object of the same name (``from sparkbook
+    # import collectives``) is the notebook's own.
+    plain = (dict, list, str, int, float, bool, type(None))
+    injected = {k: namespace[k] for k in FIELDS if k in namespace and isinstance(namespace[k], plain)}
     explicit = namespace.get("params_file")
     if injected and not explicit:
         source = f"injected by papermill (deployment {injected.get('name', '?')!r})"
@@ -102,6 +105,9 @@ def start(namespace: Mapping[str, Any], quiet: bool = False) -> Context:
     """Validate the notebook's parameters (nothing runs on a node before this passes), choose the
     run folder, and say which of each is used."""
     params, source = resolve(namespace)
+    if params.lab:
+        from .lab import require_up
+        require_up()
     run_dir = Path(namespace.get("run_dir") or default_run_dir(params)).expanduser().resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     ctx = Context(params, source, run_dir)

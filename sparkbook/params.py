@@ -85,6 +85,7 @@ class Runtime(_Model):
     gpus: bool = Field(True, description="pass --gpus all to containers")
     shm_size: str = Field("16g", pattern=r"^[0-9]+[bkmgBKMG]?$")
     privileged: bool = False
+    rdma: bool = Field(True, description="give containers the RDMA devices (/dev/infiniband, IPC_LOCK)")
     docker_root: str | None = Field(None, description="Docker data root, for the disk check")
 
 
@@ -98,6 +99,9 @@ class ModelSpec(_Model):
     )
     needs_token: bool = False
     size_gb: float | None = Field(None, ge=0)
+    verify: Literal["configs", "all"] = Field(
+        "configs", description="what the model manifest hashes besides names and sizes: the "
+        "config, tokenizer and index files, or every file (slow for 100 GB)")
 
     @field_validator("path")
     @classmethod
@@ -145,6 +149,26 @@ class Expectations(_Model):
     min_disk_gb: float = Field(0, ge=0)
 
 
+class Collectives(_Model):
+    """The all-reduce sweep of 02_collectives."""
+
+    min_size_mb: float = Field(1, gt=0)
+    max_size_mb: float = Field(1024, gt=0)
+    iters: int = Field(20, ge=1)
+    warmup: int = Field(5, ge=0)
+    timeout_s: float = Field(600, gt=0, description="hard limit for the whole sweep")
+    backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="auto: nccl with GPUs, else gloo")
+    master_port: int | None = Field(None, ge=1, le=65535, description="default: ports.master + 1")
+
+    def sizes(self) -> list[int]:
+        """Powers of two from the smallest to the largest size, in bytes."""
+        out, size = [], int(self.min_size_mb * 2**20)
+        while size <= self.max_size_mb * 2**20:
+            out.append(size)
+            size *= 2
+        return out
+
+
 class Reference(_Model):
     label: str
     single_user_tok_s: float | None = Field(None, gt=0)
@@ -173,6 +197,7 @@ class Params(_Model):
 
     name: str = Field(pattern=NAME_RE)
     description: str = ""
+    lab: bool = Field(False, description="the nodes are the local lab's (`sparkbook lab up`)")
     nodes: list[Node] = Field(min_length=1)
     ssh: SSH = Field(default_factory=SSH)
     runtime: Runtime = Field(default_factory=Runtime)
@@ -180,6 +205,7 @@ class Params(_Model):
     serving: Serving = Field(default_factory=Serving)
     ports: Ports = Field(default_factory=Ports)
     expectations: Expectations = Field(default_factory=Expectations)
+    collectives: Collectives = Field(default_factory=Collectives)
     benchmark: Benchmark = Field(default_factory=Benchmark)
 
     @property

@@ -193,3 +193,74 @@ def parse_ethtool(text: str) -> dict[str | None, dict]:
         elif m := _ETHTOOL_LINK.match(line):
             out.setdefault(current, {"speed_mbps": None, "link": None})["link"] = m[1] == "yes"
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# NCCL_DEBUG=INFO logs. Real logs with their sources: tests/fixtures/nccl-*.txt.
+
+_NCCL_NET = re.compile(r"NCCL INFO Using network (\S+)")
+_NCCL_IB_USING = re.compile(r"NCCL INFO NET/IB ?: Using (.+?)(?:;|$)")
+_NCCL_IB_DEV = re.compile(r"\[\d+\]([^:\s]+):\d+/(RoCE|IB)")
+_NCCL_VDEV = re.compile(r"NET/IB ?: Made virtual device \[\d+\] name=(\S+)")
+_NCCL_SOCKET = re.compile(r"NCCL INFO NET/Socket ?: Using (.+)$")
+_NCCL_CHANNEL = re.compile(r"via (NET/[A-Za-z_0-9]+|P2P/[A-Za-z]+|SHM)")
+_NCCL_VERSION = re.compile(r"NCCL version (\S+)")
+
+
+def parse_nccl_log(text: str) -> dict:
+    """What NCCL chose: ``{"version", "network" (IB, Socket, IBext_v10, ...), "hcas", "socket_ifs",
+    "channels": {transport: count}, "no_ib_device": bool}``."""
+    out: dict = {"version": None, "network": None, "hcas": [], "socket_ifs": [], "channels": {},
+                 "no_ib_device": False}
+    for line in text.splitlines():
+        if m := _NCCL_VERSION.search(line):
+            out["version"] = m[1]
+        if m := _NCCL_NET.search(line):
+            out["network"] = m[1]
+        if m := _NCCL_IB_USING.search(line):
+            out["hcas"] += [d for d, _ in _NCCL_IB_DEV.findall(m[1]) if d not in out["hcas"]]
+        if m := _NCCL_VDEV.search(line):
+            if m[1] not in out["hcas"]:
+                out["hcas"].append(m[1])
+        if m := _NCCL_SOCKET.search(line):
+            out["socket_ifs"] += [s.split(":")[0].split("]")[-1] for s in m[1].split()]
+        if "NET/IB : No device found" in line or "Failed to open libibverbs" in line:
+            out["no_ib_device"] = True
+        if "NCCL INFO" in line and (m := _NCCL_CHANNEL.search(line)):
+            kind = m[1]
+            out["channels"][kind] = out["channels"].get(kind, 0) + 1
+    if out["network"] is None and out["channels"]:
+        nets = [k for k in out["channels"] if k.startswith("NET/")]
+        if nets:
+            out["network"] = nets[0].split("/", 1)[1]
+    return out
+
+
+def nccl_transport(parsed: dict) -> str:
+    """'rdma' (NET/IB or an IB plugin), 'socket', 'intra-node' (P2P/SHM only), or 'unknown'.
+
+    The channels decide: NCCL prints 'Using network Socket' when it finds no HCA even if every
+    peer is on the same host and no byte goes over the network (tests/fixtures/nccl-p2p-*)."""
+    chans = parsed.get("channels", {})
+    nets = [k for k in chans if k.startswith("NET/")]
+    if any(k.lower().startswith("net/ib") for k in nets):
+        return "rdma"
+    if any(k == "NET/Socket" for k in nets):
+        return "socket"
+    if chans:
+        return "intra-node"
+    net = (parsed.get("network") or "").lower()
+    return "rdma" if net.startswith("ib") else "socket" if net == "socket" else "unknown"
+
+
+def parse_nvidia_smi_xml(text: str) -> dict:
+    """``nvidia-smi -q -x``: driver and CUDA versions, and per GPU its name, bus id and total
+    framebuffer memory in MiB (None where the GPU reports none, as GB10 does)."""
+    import xml.etree.ElementTree as ET
+    root = ET.fromstring(text)
+    gpus = []
+    for g in root.findall("gpu"):
+        total = (g.findtext("fb_memory_usage/total") or "").split()
+        gpus.append({"name": g.findtext("product_name"), "bus_id": g.get("id"),
+                     "memory_total_mib": int(total[0]) if total and total[0].isdigit() else None})
+    return {"driver": root.findtext("driver_version"), "cuda": root.findtext("cuda_version"), "gpus": gpus}

@@ -13,6 +13,7 @@ immediate error naming the node and the remedy, never a prompt and never silentl
 from __future__ import annotations
 
 import io
+import logging
 import re
 import shlex
 import socket
@@ -30,6 +31,11 @@ from fabric import Config, Connection
 
 from .errors import CheckFailed
 from .params import SSH, Node, Params, project_root
+
+# Paramiko logs every failed handshake with a traceback on stderr; sparkbook reports SSH failures
+# itself, per node, with the remedy.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+logging.getLogger("paramiko").propagate = False
 
 Command = Union[str, Sequence[str]]
 PerNode = Union[Command, Callable[[Node], Command]]
@@ -164,21 +170,31 @@ def drop(node: Node, ssh: SSH) -> None:
 
 
 def connection(node: Node, ssh: SSH) -> Connection:
-    """The node's SSH connection, opened once and reused (one per node per process)."""
+    """The node's SSH connection, opened once and reused (one per node per process).
+
+    The socket gives up on data the node does not acknowledge within ``connect_timeout``
+    (TCP_USER_TIMEOUT), so a node that goes down under an open connection shows as an error in
+    seconds instead of a hang."""
     key = _key(node, ssh)
     with _connections_lock:
         conn = _connections.get(key)
-        if conn is None:
-            kwargs: dict = {"banner_timeout": ssh.connect_timeout, "auth_timeout": ssh.connect_timeout}
-            if node.key:
-                kwargs["key_filename"] = [_expand(node.key)]
-            conn = Connection(
-                node.host, user=node.user, port=node.port, connect_timeout=ssh.connect_timeout,
-                connect_kwargs=kwargs, config=Config(overrides={"run": {"in_stream": False}}),
-            )
-            _guard_host_keys(conn, [_expand(k) for k in ssh.known_hosts])
-            _connections[key] = conn
+    if conn is not None and conn.is_connected:
         return conn
+    kwargs: dict = {"banner_timeout": ssh.connect_timeout, "auth_timeout": ssh.connect_timeout}
+    if node.key:
+        kwargs["key_filename"] = [_expand(node.key)]
+    conn = Connection(
+        node.host, user=node.user, port=node.port, connect_timeout=ssh.connect_timeout,
+        connect_kwargs=kwargs, config=Config(overrides={"run": {"in_stream": False}}),
+    )
+    _guard_host_keys(conn, [_expand(k) for k in ssh.known_hosts])
+    conn.open()
+    sock = conn.transport.sock
+    if hasattr(socket, "TCP_USER_TIMEOUT") and isinstance(sock, socket.socket):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(ssh.connect_timeout * 1000))
+    with _connections_lock:
+        _connections[key] = conn
+    return conn
 
 
 def close_all() -> None:
@@ -190,9 +206,8 @@ def close_all() -> None:
 
 
 def _target(node: Node, conn: Connection | None) -> str:
-    if conn is None:
-        return node.host
-    return f"{conn.user}@{conn.host}" + (f":{conn.port}" if conn.port != 22 else "")
+    user, host, port = (conn.user, conn.host, conn.port) if conn else (node.user, node.host, node.port or 22)
+    return (f"{user}@" if user else "") + host + (f":{port}" if port != 22 else "")
 
 
 def ssh_error(exc: BaseException, node: Node, conn: Connection | None) -> str:
@@ -284,6 +299,9 @@ class Cluster:
 
     @classmethod
     def from_params(cls, params: Params) -> "Cluster":
+        if params.lab:  # the lab's addresses lead nowhere on this machine while it is down
+            from .lab import require_up
+            require_up()
         return cls(params.nodes, params.ssh)
 
     def _select(self, nodes: Iterable[Node | str] | None) -> list[Node]:

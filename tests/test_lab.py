@@ -64,13 +64,11 @@ def test_ssh_to_every_node_with_host_keys_checked(cluster):
         assert host == name == lab_name and "10.77.1." in rail
 
 
-def test_each_node_has_its_own_docker_daemon_and_the_image_is_on_the_head_only(cluster, params):
+def test_each_node_has_its_own_docker_daemon(cluster, params):
     res = run_ok(cluster, "docker info --format '{{.Name}} {{.DockerRootDir}}'")
     names = {n: r.stdout.split()[0] for n, r in res.items()}
     roots = {r.stdout.split()[1] for r in res.values()}
     assert names == {"spark-1": "spark-1", "spark-2": "spark-2"} and len(roots) == 2
-    res = cluster.run(["docker", "image", "inspect", "--format", "{{.Id}}", params.runtime.image])
-    assert res["spark-1"].ok and not res["spark-2"].ok
 
 
 def test_each_node_has_its_own_model_processes_and_tmp(cluster, params):
@@ -80,7 +78,8 @@ def test_each_node_has_its_own_model_processes_and_tmp(cluster, params):
     assert len(hashes) == 1  # the same model on both nodes, each in its own directory
     for name, r in res.items():
         assert int(r.stdout.splitlines()[1]) < 40  # only the node's own processes
-        assert r.stdout.splitlines()[2:] == [f"here-{name}"]
+        here = [f for f in r.stdout.splitlines()[2:] if f.startswith("here-")]
+        assert here == [f"here-{name}"]  # each node's /tmp is its own
 
 
 def test_fabric_rails_carry_jumbo_frames_between_nodes(cluster):
@@ -264,8 +263,11 @@ def test_ray_cluster_across_the_lab_nodes(cluster, params, image_everywhere):
         cluster.run(["docker", "rm", "-f", name])
 
 
-def test_down_leaves_nothing_and_up_again(lab):
+def test_down_leaves_nothing_and_up_again_with_the_image_on_the_head_only(lab, params):
     lab.down(say=lambda *_: None)
     assert leftovers() == []
     lab.up(2, say=lambda *_: None)
     assert lab.healthy() == []
+    res = Cluster.from_params(params).run(["docker", "image", "inspect", "--format", "{{.Id}}",
+                                           params.runtime.image])
+    assert res["spark-1"].ok and not res["spark-2"].ok

@@ -78,3 +78,52 @@ def test_ethtool_full_output_link_down():
     out = parsers.parse_ethtool("Settings for enp1s0f1np1:\n\tSpeed: Unknown!\n\tDuplex: Unknown! (255)\n"
                                 "\tLink detected: no\n")
     assert out == {"enp1s0f1np1": {"speed_mbps": None, "link": False}}
+
+
+def test_nccl_roce_log():
+    out = parsers.parse_nccl_log(fixture("nccl-roce-1.txt"))
+    assert out["network"] == "IB" and out["hcas"] == ["mlx5_10", "mlx5_11"] and out["version"] == "2.19.3+cuda12.3"
+    assert parsers.nccl_transport(out) == "rdma"
+
+
+def test_nccl_spark_ib_plugin_channels():
+    out = parsers.parse_nccl_log(fixture("nccl-ibext-spark-1.txt"))
+    assert out["channels"] == {"NET/IBext_v10": 2} and set(out["hcas"]) <= {"rocep1s0f1", "roceP2p1s0f1"}
+    assert parsers.nccl_transport(out) == "rdma"
+
+
+def test_nccl_socket_fallback():
+    out = parsers.parse_nccl_log(fixture("nccl-socket-1.txt"))
+    assert out["network"] == "Socket" and out["no_ib_device"] and out["socket_ifs"] == ["eth0", "virbr0"]
+    assert parsers.nccl_transport(out) == "socket"
+
+
+def test_nccl_socket_channels_with_shm():
+    out = parsers.parse_nccl_log(fixture("nccl-socket-2.txt"))
+    assert out["channels"]["NET/Socket"] == 8 and out["channels"]["SHM"] == 2
+    assert parsers.nccl_transport(out) == "socket"
+
+
+def test_nccl_on_two_h200_of_one_host_is_intra_node_despite_using_network_socket():
+    out = parsers.parse_nccl_log(fixture("nccl-p2p-h200x2-1.txt"))
+    assert out["network"] == "Socket" and out["no_ib_device"] and out["version"] == "2.28.9+cuda13.0"
+    assert set(out["channels"]) == {"P2P/CUMEM"}
+    assert parsers.nccl_transport(out) == "intra-node"
+
+
+def test_nccl_one_rank_without_hca():
+    out = parsers.parse_nccl_log(fixture("nccl-1rank-h200-1.txt"))
+    assert out["no_ib_device"] and out["channels"] == {}
+    assert parsers.nccl_transport(out) == "socket"
+
+
+def test_nvidia_smi_of_a_discrete_gpu():
+    table = parsers.parse_nvidia_smi_table(fixture("nvidia-smi-h200-1.txt"))
+    assert table["gpus"][0]["name"] == "NVIDIA H200" and table["gpus"][0]["memory"] == "0MiB / 143771MiB"
+    assert table["driver"] == "580.159.04" and table["processes"] == []
+    rows = parsers.parse_nvidia_smi_csv(fixture("nvidia-smi-query-h200-1.txt"))
+    assert rows == [{"name": "NVIDIA H200", "driver_version": "580.159.04", "memory.total": "143771 MiB"}]
+    xml = (FIXTURES / "nvidia-smi-q-x-h200-1.xml").read_text()
+    assert "source:" in xml.splitlines()[1]
+    assert parsers.parse_nvidia_smi_xml(xml) == {"driver": "580.159.04", "cuda": "13.0", "gpus": [
+        {"name": "NVIDIA H200", "bus_id": "00000000:00:06.0", "memory_total_mib": 143771}]}

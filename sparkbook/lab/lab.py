@@ -526,6 +526,14 @@ def _wait_gone(pid: int, timeout: float = 10) -> None:
         time.sleep(0.05)
 
 
+def require_up() -> None:
+    """Refuse to go on when parameters name the lab but it is not up: its addresses would then
+    lead nowhere on this machine."""
+    if not Lab().state() or MGMT_BRIDGE not in _links():
+        raise LabError("these parameters describe the local lab, which is not up: run "
+                       "`sparkbook lab up` first")
+
+
 def leftovers() -> list[str]:
     """Anything of a lab still on this machine: namespaces, links, processes, mounts, listeners,
     cgroups, run files. Empty after `lab down`."""

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3 -IS
 """Simulated DGX Spark hardware tools for the lab: nvidia-smi, ibdev2netdev, ibstat, ibv_devinfo
 and ethtool, installed on each lab node's PATH under those names (links to this file).
 

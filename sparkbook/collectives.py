@@ -1,0 +1,261 @@
+"""02_collectives: an all-reduce bandwidth sweep across all nodes, inside the serving image, so it
+tests the torch and NCCL (or gloo) that vLLM will use; with a hard timeout that places a hang.
+
+One container per node runs torchrun (one process per GPU; one per node with gloo), rendezvous on
+the head's first fabric address. Rank 0 prints the results; every rank prints the phase it reached.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .containers import docker_run
+from .params import Node, Params
+from .parsers import nccl_transport, parse_nccl_log
+from .remote import Cluster
+from .verdict import FAIL, PASS, SKIP, WARN, Check, Verdict
+
+CONTAINER = "sparkbook-collectives"
+REMOTE_DIR = "/tmp/sparkbook"
+SCRIPT = Path(__file__).parent / "scripts" / "allreduce.py"
+PHASES = ("rendezvous", "started", "init-done", "first-collective", "first-collective-done", "done")
+ERROR_LINE = re.compile(r"(NCCL WARN|Error|error:|Connection refused|timed out|Timeout)", re.I)
+
+
+def backend(params: Params) -> str:
+    b = params.collectives.backend
+    if b != "auto":
+        return b
+    return "nccl" if params.runtime.gpus and any(params.gpus_of(n) for n in params.nodes) else "gloo"
+
+
+def master(params: Params) -> tuple[str, int]:
+    head = params.head
+    addr = str(head.rails[0].ip) if head.rails else head.host
+    return addr, params.collectives.master_port or params.ports.master + 1
+
+
+def command(params: Params, node: Node) -> list[str]:
+    """The container that runs this node's ranks."""
+    c = params.collectives
+    be = backend(params)
+    addr, port = master(params)
+    nproc = max(params.gpus_of(node), 1) if be == "nccl" else 1
+    torchrun = ["torchrun", f"--nnodes={len(params.nodes)}", f"--nproc-per-node={nproc}",
+                f"--node-rank={params.nodes.index(node)}", f"--master-addr={addr}",
+                f"--master-port={port}", f"{REMOTE_DIR}/allreduce.py", "--backend", be,
+                "--sizes", ",".join(map(str, c.sizes())), "--iters", str(c.iters),
+                "--warmup", str(c.warmup), "--timeout", str(int(c.timeout_s))]
+    env = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET", "PYTHONUNBUFFERED": "1"}
+    return docker_run(params, node, CONTAINER, torchrun, env=env, mounts=[f"{REMOTE_DIR}:{REMOTE_DIR}:ro"])
+
+
+@dataclass
+class Outcome:
+    backend: str
+    result: dict | None = None
+    logs: dict[str, str] = field(default_factory=dict)
+    phases: dict[str, str] = field(default_factory=dict)
+    nccl: dict[str, dict] = field(default_factory=dict)
+    timed_out: bool = False
+    exit_codes: dict[str, int | None] = field(default_factory=dict)
+    duration_s: float = 0.0
+    left_running: list[str] = field(default_factory=list)
+
+
+def last_phase(log: str) -> str:
+    """The furthest phase a node's ranks all reached ('rendezvous' when none started)."""
+    reached = [m for m in re.findall(r"^PHASE (\S+)", log, re.M)]
+    if not reached:
+        return "rendezvous"
+    named = [p for p in reached if p in PHASES]
+    return named[-1] if named else "sweep"
+
+
+def run(params: Params, cluster: Cluster, run_dir: Path | None = None, omit: tuple[str, ...] = (),
+        say=print) -> Outcome:
+    """Run the sweep; ``omit`` leaves nodes out (their ranks never join: a drill for the hang
+    diagnosis). Always removes the containers and collects every node's log."""
+    out = Outcome(backend(params))
+    nodes = params.nodes
+    cluster.run(["mkdir", "-p", REMOTE_DIR]).check("make the script folder on the nodes")
+    cluster.put(SCRIPT, f"{REMOTE_DIR}/allreduce.py").check("copy the all-reduce script to the nodes")
+    cluster.run(["docker", "rm", "-f", CONTAINER])  # a leftover of an interrupted run
+    start = time.monotonic()
+    try:
+        # workers first: the head's rank 0 hosts the rendezvous and waits for them
+        for group in ([n for n in nodes if n.role != "head"], [params.head]):
+            group = [n for n in group if n.name not in omit]
+            if group:
+                cluster.run(lambda n: command(params, n), group).check(
+                    "start the all-reduce containers", "is the serving image on every node? (01, 03)")
+        say(f"all-reduce: {out.backend}, {len(nodes)} node(s), sizes {params.collectives.min_size_mb:g}"
+            f"-{params.collectives.max_size_mb:g} MB, time limit {params.collectives.timeout_s:.0f} s")
+        deadline = start + params.collectives.timeout_s
+        shown = 0.0
+        while True:
+            states = cluster.run(["docker", "inspect", "-f", "{{.State.Running}} {{.State.ExitCode}}", CONTAINER])
+            running = {n: r.stdout.split()[0] == "true" for n, r in states.items() if r.ok}
+            if not any(running.values()):
+                out.exit_codes = {n: int(r.stdout.split()[1]) if r.ok else None for n, r in states.items()}
+                break
+            if time.monotonic() > deadline:
+                out.timed_out = True
+                break
+            if time.monotonic() - shown > 10:
+                shown = time.monotonic()
+                say(f"  {shown - start:5.0f} s: running on {', '.join(n for n, r in running.items() if r)}")
+            time.sleep(1)
+    finally:
+        logs = cluster.run(["docker", "logs", CONTAINER], timeout=60)
+        for node in nodes:
+            r = logs[node.name]
+            text = (r.stdout + r.stderr) if r.exit_code == 0 else f"(no container on {node.name}: {r.summary()})"
+            out.logs[node.name] = text
+            if run_dir is not None:
+                path = Path(run_dir) / "logs" / node.name / "collectives.log"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
+        cluster.run(["docker", "rm", "-f", CONTAINER], timeout=60)
+        left = cluster.run(["docker", "ps", "-aq", "--filter", f"name=^{CONTAINER}$"])
+        out.left_running = [n for n, r in left.items() if r.stdout.strip()]
+    out.duration_s = time.monotonic() - start
+    for node in nodes:
+        log = out.logs[node.name]
+        out.phases[node.name] = "not started" if node.name in omit else last_phase(log)
+        out.nccl[node.name] = parse_nccl_log(log)
+        if node.name == params.head.name and (m := re.search(r"^RESULT (.+)$", log, re.M)):
+            out.result = json.loads(m[1])
+    return out
+
+
+def diagnose(params: Params, out: Outcome) -> tuple[str, str]:
+    """Where a failed sweep stopped, and the likely cause."""
+    stuck = {n: p for n, p in out.phases.items() if p != "done"}
+    phase = min(stuck.values(), key=lambda p: PHASES.index(p) if p in PHASES else -1) if stuck else "done"
+    addr, port = master(params)
+    missing = [n for n, p in out.phases.items() if p in ("not started", "rendezvous")]
+    errors = [ln.strip()[:200] for log in out.logs.values() for ln in log.splitlines() if ERROR_LINE.search(ln)]
+    hint = f" Last error seen: {errors[-1]}" if errors else ""
+    if phase in ("not started", "rendezvous"):
+        return ("rendezvous", f"rank(s) on {', '.join(missing)} never joined the rendezvous at "
+                f"{addr}:{port}: the node did not start its container, or cannot reach the head's "
+                f"fabric address (firewall, wrong rail address, port in use).{hint}")
+    if phase in ("started",):
+        return ("communicator init", "the ranks met but could not build the communicator: an "
+                "interface mismatch (NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME must name a rail every "
+                f"node reaches) or a firewall on NCCL's ports.{hint}")
+    if phase in ("init-done", "first-collective"):
+        return ("first collective", "the communicator exists but no data moves: a RoCE rail down, "
+                f"an MTU mismatch on the path, or a wrong NCCL_IB_GID_INDEX.{hint}")
+    return ("sweep", f"the sweep started but did not finish in time: a slow or flapping link, or a "
+            f"time limit (collectives.timeout_s) too short for the largest size.{hint}")
+
+
+def verdict(params: Params, out: Outcome) -> Verdict:
+    v = Verdict("02 collectives")
+    e = params.expectations
+    addr, port = master(params)
+    if out.left_running:
+        v.add(Check("cleanup", ", ".join(out.left_running), FAIL, "the all-reduce container is still there",
+                    "removed", f"docker rm -f {CONTAINER}"))
+    if out.result is None:
+        phase, cause = diagnose(params, out)
+        what = f"no result after {out.duration_s:.0f} s" + (" (time limit reached)" if out.timed_out else "")
+        v.add(Check("all-reduce", "all", FAIL, f"{what}; stuck in: {phase}; "
+                    + ", ".join(f"{n}: {p}" for n, p in out.phases.items()),
+                    "every rank finishes the sweep", cause,
+                    f"torchrun ... --master-addr={addr} --master-port={port} allreduce.py (logs in logs/<node>/)"))
+        return v
+    rows = out.result["rows"]
+    bad = [r["bytes"] for r in rows if not r["correct"]]
+    v.add(Check("all-reduce", "all", PASS, f"{len(rows)} sizes, world size {out.result['world_size']}, "
+                f"{out.backend}, {out.duration_s:.0f} s", "every rank finishes the sweep"))
+    v.add(Check("reduced values", "all", FAIL if bad else PASS,
+                f"wrong at {', '.join(_size(b) for b in bad)}" if bad else "correct at every size",
+                "sum of (rank+1) in every element", "a data corruption on the fabric or a broken "
+                "NCCL build: rerun, then test each rail alone" if bad else ""))
+    top = rows[-1]["busbw_gbs"]
+    bar = e.busbw_gbps
+    status = PASS if top >= bar else WARN if top >= bar / 2 else FAIL
+    v.add(Check("bus bandwidth", "all", status, f"{top:.3f} GB/s busbw at {_size(rows[-1]['bytes'])}",
+                f"≥ {bar} GB/s (expectations.busbw_gbps)",
+                "" if status == PASS else "check the transport below, the link rate and MTU "
+                "(01_preflight), and that no other traffic shares the rails"))
+    for node in params.nodes:
+        if out.backend != "nccl":
+            v.add(Check("transport", node.name, SKIP, "gloo over TCP on the fabric rail (no GPUs)",
+                        "NET/IB over RoCE with NCCL"))
+            continue
+        parsed = out.nccl[node.name]
+        kind = nccl_transport(parsed)
+        fabric = any(r.hca for r in node.rails)
+        if kind == "intra-node":
+            v.add(Check("transport", node.name, PASS, f"P2P/SHM only ({', '.join(parsed['channels'])}): "
+                        "every peer on the same host", "RDMA (NET/IB) between hosts"))
+        elif kind == "rdma":
+            v.add(Check("transport", node.name, PASS, f"NCCL {parsed['network']} via {', '.join(parsed['hcas']) or 'HCAs'}",
+                        "RDMA (NET/IB)"))
+        elif kind == "socket" and fabric:
+            v.add(Check("transport", node.name, FAIL, f"socket fallback (NET/Socket over "
+                        f"{', '.join(parsed['socket_ifs']) or '?'}), about 8x slower on Sparks",
+                        "RDMA (NET/IB) over the configured HCAs",
+                        "NCCL found no usable HCA: check /dev/infiniband in the container (runtime.rdma), "
+                        "NCCL_IB_HCA, libibverbs in the image and the rails (01_preflight)"))
+        else:
+            v.add(Check("transport", node.name, WARN if fabric else PASS,
+                        f"NCCL network {parsed['network'] or 'unknown'}", "RDMA (NET/IB)"))
+    return v
+
+
+def _size(b: int) -> str:
+    return f"{b / 2**20:g} MB" if b >= 2**20 else f"{b / 2**10:g} KB"
+
+
+def save(out: Outcome, run_dir: Path) -> None:
+    """Results as JSON and CSV in the run folder."""
+    (run_dir / "collectives.json").write_text(json.dumps({
+        "backend": out.backend, "result": out.result, "phases": out.phases, "timed_out": out.timed_out,
+        "duration_s": out.duration_s, "nccl": out.nccl}, indent=2))
+    if out.result:
+        with (run_dir / "collectives.csv").open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(out.result["rows"][0]))
+            w.writeheader()
+            w.writerows(out.result["rows"])
+
+
+def plot(params: Params, out: Outcome, path: Path | None = None):
+    """busbw against message size (log x), with the expectation."""
+    import matplotlib.pyplot as plt
+    if not out.result:
+        return None
+    rows = out.result["rows"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([r["bytes"] for r in rows], [r["busbw_gbs"] for r in rows], marker="o",
+            label=f"busbw ({out.backend}, {out.result['world_size']} ranks)")
+    ax.axhline(params.expectations.busbw_gbps, color="tab:red", linestyle="--",
+               label=f"expectation {params.expectations.busbw_gbps} GB/s")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title(f"all-reduce across {len(params.nodes)} nodes: {params.name}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=110)
+    plt.close(fig)  # shown by returning it, not by pyplot's state
+    return fig
+
+
+def table(out: Outcome):
+    from .tables import Table
+    rows = (out.result or {}).get("rows", [])
+    return Table(["size", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "correct"],
+                 [[_size(r["bytes"]), f"{r['time_us']:.1f}", f"{r['algbw_gbs']:.3f}",
+                   f"{r['busbw_gbs']:.3f}", r["correct"]] for r in rows], title="all-reduce sweep")

@@ -1,0 +1,43 @@
+"""What every sparkbook container on a node gets: host networking and IPC, the GPUs and RDMA
+devices, and the fabric environment that points NCCL, gloo, torch and UCX at the node's rails."""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from .params import Node, Params
+
+
+def fabric_env(params: Params, node: Node) -> dict[str, str]:
+    """Environment that binds collective traffic to the node's fabric rails (the first rail for
+    socket-based bootstrap, every rail's HCA for RDMA)."""
+    env: dict[str, str] = {}
+    if node.rails:
+        first = node.rails[0]
+        env.update({"NCCL_SOCKET_IFNAME": first.interface, "GLOO_SOCKET_IFNAME": first.interface,
+                    "TP_SOCKET_IFNAME": first.interface, "UCX_NET_DEVICES": first.interface})
+        hcas = [r.hca for r in node.rails if r.hca]
+        if hcas:
+            env["NCCL_IB_HCA"] = ",".join(hcas)
+    return env
+
+
+def docker_run(params: Params, node: Node, name: str, command: Sequence[str], *,
+               env: Mapping[str, str] | None = None, mounts: Sequence[str] = (),
+               detach: bool = True) -> list[str]:
+    """``docker run`` for a sparkbook container on ``node`` (an argument list, quoted by the remote
+    layer)."""
+    rt = params.runtime
+    args = ["docker", "run", *(["-d"] if detach else []), "--name", name, "--network", "host",
+            "--ipc", "host", "--shm-size", rt.shm_size]
+    if rt.gpus:
+        args += ["--gpus", "all"]
+    if rt.privileged:
+        args += ["--privileged", "--ulimit", "memlock=-1"]
+    elif rt.rdma:  # RDMA registers (pins) memory: unlimited memlock and the verbs devices
+        args += ["--ulimit", "memlock=-1", "--device", "/dev/infiniband", "--cap-add", "IPC_LOCK"]
+    for m in mounts:
+        args += ["-v", m]
+    for k, v in {**fabric_env(params, node), **(env or {})}.items():
+        args += ["-e", f"{k}={v}"]
+    return args + [rt.image, *command]

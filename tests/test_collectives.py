@@ -1,0 +1,98 @@
+"""02_collectives: the command builder, the hang diagnosis, and real sweeps on the lab."""
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sparkbook import collectives
+from sparkbook.cli import main
+from sparkbook.params import load
+from sparkbook.remote import Cluster
+
+ROOT = Path(__file__).resolve().parents[1]
+LAB = ROOT / "parameters" / "lab.yaml"
+
+
+def test_command_for_the_spark_pair_uses_nccl_on_the_fabric():
+    p = load(ROOT / "parameters" / "dgx-spark-pair.yaml")
+    worker = p.nodes[1]
+    cmd = collectives.command(p, worker)
+    assert collectives.backend(p) == "nccl"
+    assert ["--gpus", "all"] == cmd[cmd.index("--gpus"):cmd.index("--gpus") + 2]
+    assert "/dev/infiniband" in cmd and "IPC_LOCK" in cmd
+    assert "NCCL_IB_HCA=rocep1s0f1,roceP2p1s0f1" in cmd and "NCCL_SOCKET_IFNAME=enp1s0f1np1" in cmd
+    assert "--master-addr=192.168.100.10" in cmd and "--node-rank=1" in cmd and "--nproc-per-node=1" in cmd
+    assert cmd[cmd.index("--backend") + 1] == "nccl" and "NCCL_DEBUG=INFO" in cmd
+
+
+def test_lab_uses_gloo_without_gpu_or_rdma_flags():
+    p = load(LAB)
+    cmd = collectives.command(p, p.nodes[0])
+    assert collectives.backend(p) == "gloo" and "--gpus" not in cmd and "/dev/infiniband" not in cmd
+    assert cmd[cmd.index("--sizes") + 1] == ",".join(str(2**20 * 2**i) for i in range(6))
+
+
+def test_last_phase_and_diagnosis():
+    p = load(LAB)
+    assert collectives.last_phase("") == "rendezvous"
+    assert collectives.last_phase("PHASE started rank=0\nPHASE init-done rank=0\n") == "init-done"
+    out = collectives.Outcome("gloo", phases={"spark-1": "rendezvous", "spark-2": "not started"},
+                              logs={"spark-1": "", "spark-2": ""})
+    phase, cause = collectives.diagnose(p, out)
+    assert phase == "rendezvous" and "spark-1, spark-2" in cause and "10.77.1.11:29502" in cause
+    out.phases = {"spark-1": "started", "spark-2": "started"}
+    assert collectives.diagnose(p, out)[0] == "communicator init"
+    out.phases = {"spark-1": "first-collective", "spark-2": "done"}
+    phase, cause = collectives.diagnose(p, out)
+    assert phase == "first collective" and "MTU" in cause
+
+
+def test_sweep_on_the_lab_through_the_notebook(lab, tmp_path):
+    out = tmp_path / "run"
+    assert main(["run", "-p", str(LAB), "--steps", "02", "--out", str(out)]) == 0
+    data = json.loads((out / "collectives.json").read_text())
+    rows = data["result"]["rows"]
+    assert data["backend"] == "gloo" and data["result"]["world_size"] == 2
+    assert [r["bytes"] for r in rows] == [2**20 * 2**i for i in range(6)]
+    assert all(r["correct"] and r["busbw_gbs"] > 0 for r in rows)
+    assert (out / "collectives.csv").read_text().startswith("bytes,time_us,algbw_gbs,busbw_gbs,correct")
+    assert (out / "collectives.png").stat().st_size > 10_000
+    assert (out / "logs" / "spark-2" / "collectives.log").read_text().count("PHASE") >= 5
+
+
+def test_a_rank_that_never_joins_fails_within_the_limit_and_leaves_nothing(lab, tmp_path):
+    p = load(LAB)
+    p = p.model_copy(update={"collectives": p.collectives.model_copy(update={"timeout_s": 20})})
+    cluster = Cluster.from_params(p)
+    out = collectives.run(p, cluster, tmp_path, omit=("spark-2",), say=lambda *_: None)
+    assert out.timed_out and out.result is None and out.duration_s < 40
+    v = collectives.verdict(p, out)
+    fail = v.failures[0]
+    assert fail.check == "all-reduce" and "stuck in: rendezvous" in fail.observed
+    assert "spark-2" in fail.remedy and "never joined" in fail.remedy
+    assert (tmp_path / "logs" / "spark-1" / "collectives.log").exists()
+    assert "no container on spark-2" in (tmp_path / "logs" / "spark-2" / "collectives.log").read_text()
+    assert out.left_running == []
+    left = cluster.run("docker ps -aq --filter name=sparkbook-collectives; pgrep -f '[t]orchrun|[a]llreduce' || true")
+    assert all(r.ok and r.stdout.strip() == "" for r in left.values()), {n: r.stdout for n, r in left.items()}
+
+
+def test_verdict_on_a_real_two_gpu_run_reads_the_transport_from_the_channels():
+    """Two H200 of one host, run as two torchrun 'nodes' (tests/fixtures/nccl-p2p-h200x2-1.txt):
+    NCCL printed 'Using network Socket' but moved everything over P2P: no socket-fallback FAIL."""
+    from sparkbook.parsers import parse_nccl_log
+    p = load(ROOT / "parameters" / "dgx-spark-pair.yaml")
+    log = (Path(__file__).parent / "fixtures" / "nccl-p2p-h200x2-1.txt").read_text()
+    rows = [{"bytes": 2**30, "time_us": 3352.8, "algbw_gbs": 320.25, "busbw_gbs": 320.25, "correct": True}]
+    out = collectives.Outcome("nccl", result={"world_size": 2, "rows": rows},
+                              nccl={n.name: parse_nccl_log(log) for n in p.nodes},
+                              phases={n.name: "done" for n in p.nodes})
+    v = collectives.verdict(p, out)
+    transport = [c for c in v.checks if c.check == "transport"]
+    assert [c.status for c in transport] == ["PASS", "PASS"] and "P2P/CUMEM" in transport[0].observed
+    assert v.status == "PASS"
+    socket = parse_nccl_log((Path(__file__).parent / "fixtures" / "nccl-socket-2.txt").read_text())
+    out.nccl = {n.name: socket for n in p.nodes}
+    assert [c.status for c in collectives.verdict(p, out).checks if c.check == "transport"] == ["FAIL", "FAIL"]
