@@ -6,6 +6,7 @@ fabric) straight into the worker's `docker load`, no file on either side, worker
 
 from __future__ import annotations
 
+from .errors import CheckFailed
 from .params import Node, Params
 from .remote import Cluster, Results, sh
 
@@ -49,9 +50,8 @@ def ensure_image(params: Params, cluster: Cluster, say=print) -> dict[str, str |
     ids = image_ids(params, cluster)
     ref = ids.get(params.head.name)
     if ref is None:
-        raise_missing = f"{params.runtime.image} is not on the head {params.head.name}"
-        from .errors import CheckFailed
-        raise CheckFailed(f"{raise_missing}: pull or build it there first (01_preflight says so too)")
+        raise CheckFailed(f"{params.runtime.image} is not on the head {params.head.name}: pull or "
+                          "build it there first (01_preflight says so too)")
     todo = [n for n in params.workers if ids.get(n.name) != ref]
     if not todo:
         say(f"image {params.runtime.image} ({ref.split(':')[-1][:12]}) is on every node")
@@ -63,6 +63,5 @@ def ensure_image(params: Params, cluster: Cluster, say=print) -> dict[str, str |
     ids = image_ids(params, cluster)
     wrong = [n.name for n in params.nodes if ids.get(n.name) != ref]
     if wrong:
-        from .errors import CheckFailed
         raise CheckFailed(f"after the copy, {', '.join(wrong)} still hold(s) another image than the head")
     return ids

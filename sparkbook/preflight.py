@@ -90,7 +90,8 @@ def script(params: Params, node: Node) -> str:
     for r, rail in enumerate(node.rails):
         for peer in peers:
             if r < len(peer.rails):
-                lines.append(sh("( ping -c 1 -W 2 -M do -s {s} -I {i} {ip} >/dev/null 2>&1; echo {i} {ip} $? ) &",
+                # until the first reply, up to 3 s: one lost packet (a first ARP on a busy node) is no verdict
+                lines.append(sh("( ping -c 1 -i 0.2 -w 3 -M do -s {s} -I {i} {ip} >/dev/null 2>&1; echo {i} {ip} $? ) &",
                                 s=mtu - 28, i=rail.interface, ip=peer.rails[r].ip))
     lines.append("wait")
     lines += ["echo '@@ listeners'", "ss -ltnpH 2>/dev/null || ss -ltnH"]
@@ -225,7 +226,7 @@ def checks(params: Params, data: dict[str, dict], results: dict[str, Result]) ->
                         (f"unified memory: {avail} GB available of {f.get('memory_gb')} GB (/proc/meminfo; "
                          "nvidia-smi reports GPU memory as not supported on GB10)") if unified else
                         ", ".join(str(g["memory"]) for g in d["smi"]["gpus"]), "memory free for the model"))
-        stale = [p for p in d["processes"]]
+        stale = d["processes"]
         holders = [f"{p['pid']} {p['name']} {p['memory_mib']}MiB" for p in (d["smi"] or {}).get("processes", [])
                    if p["type"] == "C"]
         running = [c for c in d.get("containers", []) if len(c) >= 2 and (

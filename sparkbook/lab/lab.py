@@ -50,6 +50,7 @@ RAILS = (("enp1s0f1np1", "rocep1s0f1", "10.77.1"), ("enP2p1s0f1np1", "roceP2p1s0
 NICS = (("rocep1s0f0", "enp1s0f0np0", "0000:01:00.0"), ("rocep1s0f1", "enp1s0f1np1", "0000:01:00.1"),
         ("roceP2p1s0f0", "enP2p1s0f0np0", "0002:01:00.0"), ("roceP2p1s0f1", "enP2p1s0f1np1", "0002:01:00.1"))
 FABRIC_MTU = 9000
+BASHRC = Path("/root/.bashrc")
 MAX_NODES = 32
 FAULTS = ("node-down", "mtu", "rail-down", "docker-down", "port-busy", "image-drift",
           "model-drift", "slow-link")
@@ -263,6 +264,9 @@ class Lab:
             if not mp.exists():
                 mp.mkdir(parents=True)
                 state["created"].append(str(mp))
+        if not BASHRC.exists():
+            BASHRC.touch()
+            state["created"].append(str(BASHRC))
         self._save(state)
         self._networks()
         servers = {}
@@ -335,6 +339,9 @@ class Lab:
                     "bus_id": "0000000F:01:00.0", "compute_cap": "12.1"},
             "nics": [{"hca": h, "netdev": n, "bus": b, "guid": guid(k)} for k, (h, n, b) in enumerate(NICS)],
         }, indent=2))
+        # A node's own ~/.bashrc, as on a fresh DGX OS: the operator's (which bash reads for every
+        # SSH command) stays on the operator's machine.
+        (d / "bashrc").write_text("# ~/.bashrc of a sparkbook lab node\n")
         (d / "hosts").write_text("127.0.0.1\tlocalhost\n" + "".join(
             f"{n.mgmt_ip}\t{n.name}\n" for n in nodes))
         shutil.copyfile(key, d / "ssh" / "id_ed25519")
@@ -357,6 +364,7 @@ class Lab:
             f"mount --bind {d / 'models'} {models_mount}",
             f"mount --bind {d / 'hosts'} /etc/hosts",
             f"mount --bind {d / 'ssh'} /root/.ssh",
+            f"mount --bind {d / 'bashrc'} {BASHRC}",
             f"touch {d / 'init.ready'}",
             "trap 'exit 0' TERM",
             # PID 1 reaps the orphans of the node; bash does so while it waits
@@ -452,8 +460,9 @@ class Lab:
             shutil.rmtree(nodes_dir, ignore_errors=True)
             removed.append(str(nodes_dir))
         for path in reversed(st.get("created", [])):
+            p = Path(path)
             try:
-                Path(path).rmdir()
+                p.unlink() if p.is_file() and p.stat().st_size == 0 else p.rmdir()
                 removed.append(path)
             except OSError:
                 pass
