@@ -209,7 +209,7 @@ class Lab:
         problems = []
         for node in lab_nodes(len(st["nodes"])):
             pid = st["nodes"][node.name]["init_pid"]
-            if not Path(f"/proc/{pid}").exists():
+            if not _is_init(pid, node):
                 problems.append(f"{node.name}: init process {pid} is gone")
                 continue
             if not _port_open(node.mgmt_ip, 22):
@@ -224,6 +224,9 @@ class Lab:
             raise LabError("the lab needs root (network namespaces, sshd, dockerd)")
         if not 1 <= n <= MAX_NODES:
             raise LabError(f"--nodes must be between 1 and {MAX_NODES}")
+        if any(self.home.resolve().is_relative_to(p) for p in (Path("/tmp"), Path("/dev/shm"))):
+            raise LabError(f"the lab's home {self.home} must not be under /tmp or /dev/shm: each "
+                           "node has its own there (set SPARKBOOK_LAB_HOME elsewhere)")
         _require("ip", "nsenter", "unshare", "dockerd", "docker", "tc", "ssh-keygen", "/usr/sbin/sshd")
         st = self.state()
         if st:
@@ -328,10 +331,13 @@ class Lab:
             sh("ip", "-n", ns, "addr", "add", f"{node.rail_ip(r)}/24", "dev", ifname)
             sh("ip", "-n", ns, "link", "set", ifname, "up")
         # Simulated hardware: the tools on the node's PATH and the state they read.
-        simhw = Path(__file__).with_name("simhw.py")
+        # A copy in the node's folder: the checkout may sit where the node does not see it (under
+        # /tmp, which is the node's own).
+        simhw = d / "bin" / "simhw.py"
+        shutil.copyfile(Path(__file__).with_name("simhw.py"), simhw)
+        simhw.chmod(0o755)
         for tool in SIMULATED_TOOLS:
             (d / "bin" / tool).symlink_to(simhw)
-        simhw.chmod(0o755)
         guid = lambda k: f"30c5:9903:00{node.index:02x}:6a1{k}"
         (d / "state.json").write_text(json.dumps({
             "node": node.name, "simulated": True, "firmware": "28.45.4028", "speed_mbps": 200000,
@@ -426,7 +432,7 @@ class Lab:
         for name, info in st["nodes"].items():
             node = LabNode(int(name.rsplit("-", 1)[1]))
             pid = info.get("init_pid")
-            if pid and Path(f"/proc/{pid}").exists():
+            if pid and _is_init(pid, node):  # a recorded pid may belong to another process by now
                 # containers first, so that Docker unmounts cleanly; then the node's init, which
                 # takes every process of the node (sshd, dockerd, containers) with it
                 if node.docker_sock.exists():
@@ -435,9 +441,9 @@ class Lab:
                         docker(node, "rm", "-f", "-v", *ids, check=False, timeout=60)
                 os.kill(pid, signal.SIGKILL)
                 removed.append(f"{name}: processes")
-            for p in (pid, info.get("launcher_pid")):
-                if p:
-                    _wait_gone(p)
+                for p in (pid, info.get("launcher_pid")):
+                    if p:
+                        _wait_gone(p)
         for ns in _netns():
             if ns.startswith(f"{PREFIX}-"):
                 sh("ip", "netns", "del", ns, check=False)
@@ -481,7 +487,7 @@ class Lab:
             return []
         rows = []
         for node in lab_nodes(len(st["nodes"])):
-            alive = Path(f"/proc/{st['nodes'][node.name]['init_pid']}").exists()
+            alive = _is_init(st["nodes"][node.name]["init_pid"], node)
             info = docker(node, "image", "inspect", "--format", "{{.Id}}", st["image"], check=False,
                           timeout=10) if alive else None
             daemon = alive and docker(node, "info", "--format", "{{.ID}}", check=False, timeout=10).returncode == 0
@@ -515,6 +521,15 @@ def _port_open(host: str, port: int, timeout: float = 1.0) -> bool:
     with socket.socket() as s:
         s.settimeout(timeout)
         return s.connect_ex((host, port)) == 0
+
+
+def _is_init(pid: int, node: LabNode) -> bool:
+    """Whether ``pid`` is still this node's init (and not a process that reuses the number)."""
+    try:
+        return str(node.dir / "init.sh") in (Path(f"/proc/{pid}/cmdline").read_bytes()
+                                             .replace(b"\0", b" ").decode(errors="replace"))
+    except OSError:
+        return False
 
 
 def _alive(pid: int) -> bool:
