@@ -15,6 +15,7 @@ import yaml
 
 from conftest import field_sample
 from sparkbook import parsers
+from sparkbook.containers import docker_run
 from sparkbook.lab import faults
 from sparkbook.lab.lab import lab_params, leftovers
 from sparkbook.params import load
@@ -206,15 +207,13 @@ def test_vllm_tensor_parallel_across_both_nodes(cluster, params, image_everywher
 
     def command(node):
         rank = params.nodes.index(node)
-        args = ["docker", "run", "-d", "--name", name, "--network", "host", "--ipc", "host",
-                "--shm-size", params.runtime.shm_size, "-v", "/models:/models",
-                "-e", f"VLLM_HOST_IP={node.rails[0].ip}", "-e", f"GLOO_SOCKET_IFNAME={node.rails[0].interface}",
-                "-e", "VLLM_CPU_KVCACHE_SPACE=1", params.runtime.image,
-                "vllm", "serve", params.model.path, "--tensor-parallel-size", "2", "--nnodes", "2",
-                "--node-rank", str(rank), "--master-addr", str(head.rails[0].ip), "--master-port",
-                str(params.ports.master), "--max-model-len", "2048", *params.serving.extra_args]
-        args += ["--headless"] if rank else ["--host", "0.0.0.0", "--port", str(params.ports.api)]
-        return args
+        serve = ["vllm", "serve", params.model.path, "--tensor-parallel-size", "2", "--nnodes", "2",
+                 "--node-rank", str(rank), "--master-addr", str(head.rails[0].ip), "--master-port",
+                 str(params.ports.master), "--max-model-len", "2048", *params.serving.extra_args]
+        serve += ["--headless"] if rank else ["--host", "0.0.0.0", "--port", str(params.ports.api)]
+        model_dir = str(Path(params.model.path).parent)
+        return docker_run(params, node, name, serve, mounts=[f"{model_dir}:{model_dir}"],
+                          env={"VLLM_HOST_IP": str(node.rails[0].ip), **params.serving.env})
 
     try:
         run_ok(cluster, command, [worker])
@@ -242,15 +241,18 @@ def test_vllm_tensor_parallel_across_both_nodes(cluster, params, image_everywher
 def test_ray_cluster_across_the_lab_nodes(cluster, params, image_everywhere):
     head, worker = params.nodes
     name = "sparkbook-labtest-ray"
-    base = ["docker", "run", "-d", "--name", name, "--network", "host", "--shm-size", "512m",
-            params.runtime.image, "ray", "start", "--block", "--num-cpus", "1",
-            "--object-store-memory", "100000000", "--disable-usage-stats"]
+
+    def ray(node, *args):
+        return docker_run(params, node, name, ["ray", "start", "--block", "--num-cpus", "1",
+                                               "--object-store-memory", "100000000",
+                                               "--disable-usage-stats", *args])
+
     try:
-        run_ok(cluster, base + ["--head", "--node-ip-address", str(head.rails[0].ip),
-                                "--port", str(params.ports.ray), "--dashboard-host", "127.0.0.1"], [head])
+        run_ok(cluster, ray(head, "--head", "--node-ip-address", str(head.rails[0].ip),
+                            "--port", str(params.ports.ray), "--dashboard-host", "127.0.0.1"), [head])
         time.sleep(3)
-        run_ok(cluster, base + ["--address", f"{head.rails[0].ip}:{params.ports.ray}",
-                                "--node-ip-address", str(worker.rails[0].ip)], [worker])
+        run_ok(cluster, ray(worker, "--address", f"{head.rails[0].ip}:{params.ports.ray}",
+                            "--node-ip-address", str(worker.rails[0].ip)), [worker])
         deadline, status = time.monotonic() + 90, ""
         while time.monotonic() < deadline:
             status = cluster.run(["docker", "exec", name, "ray", "status"], [head], timeout=60)[head.name].stdout
