@@ -52,11 +52,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_preflight(args: argparse.Namespace) -> int:
     from . import preflight
     from .params import load
-    params = load(_params(args))
-    if params.lab:
-        from .lab import require_up
-        require_up()
-    verdict, _ = preflight.run(params)
+    verdict, _ = preflight.run(load(_params(args)))
     print(verdict.to_text())
     for c in verdict.failures:
         print(f"FAIL {c.check} on {c.node}: {c.observed}\n  remedy: {c.remedy}")

@@ -35,9 +35,7 @@ def backend(params: Params) -> str:
 
 
 def master(params: Params) -> tuple[str, int]:
-    head = params.head
-    addr = str(head.rails[0].ip) if head.rails else head.host
-    return addr, params.collectives.master_port or params.ports.master + 1
+    return params.head.fabric_address, params.collectives.master_port or params.ports.master + 1
 
 
 def command(params: Params, node: Node) -> list[str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .errors import CheckFailed
 from .params import Node, Params
-from .remote import Cluster, Results, sh
+from .remote import Cluster, Result, Results, command_line, peer_ssh, sh
 
 
 def image_ids(params: Params, cluster: Cluster) -> dict[str, str | None]:
@@ -17,20 +17,15 @@ def image_ids(params: Params, cluster: Cluster) -> dict[str, str | None]:
     return {n: (r.stdout.strip() if r.ok else None) for n, r in res.items()}
 
 
-def _target(node: Node) -> str:
-    host = str(node.rails[0].ip) if node.rails else node.host
-    return f"{node.user}@{host}" if node.user else host
-
-
 def stream_from_head(params: Params, cluster: Cluster, workers: list[Node]) -> Results:
     """`docker save | ssh worker docker load`, run on the head for each worker at once; one result
     per worker (in the head's session, so the results are keyed by worker)."""
     # each copy reports "NAME STATUS last-error-line" when it ends; its stderr file is removed
     script = "\n".join(
         ["d=$(mktemp -d)"]
-        + [sh("( docker save {img} | ssh -o BatchMode=yes -o StrictHostKeyChecking=yes {t} docker load "
-              '>/dev/null 2>"$d"/{n}; echo {n} $? "$(tail -n 1 "$d"/{n})" ) &', img=params.runtime.image,
-              t=_target(w), n=w.name) for w in workers]
+        + [sh("( docker save {img} | ", img=params.runtime.image) + command_line(peer_ssh(w))
+           + sh(' docker load >/dev/null 2>"$d"/{n}; echo {n} $? "$(tail -n 1 "$d"/{n})" ) &', n=w.name)
+           for w in workers]
         + ["wait", 'rm -rf "$d"'])
     head = cluster.run(script, [params.head], timeout=params.ssh.command_timeout * 4)[params.head.name]
     results = Results()
@@ -38,10 +33,9 @@ def stream_from_head(params: Params, cluster: Cluster, workers: list[Node]) -> R
     for w in workers:
         code = int(done[w.name][0]) if w.name in done else None
         seen = done.get(w.name, ["", ""])[-1].strip()
-        err = None if code == 0 else (head.error or f"docker save | ssh {_target(w)} docker load failed "
-                                      f"({code}): {seen or 'no message'}")
-        results[w.name] = type(head)(w.name, f"docker save {params.runtime.image} | ssh {_target(w)} docker load",
-                                     code, duration=head.duration, error=err)
+        shown = f"docker save {params.runtime.image} | ssh {w.peer_target} docker load"
+        err = None if code == 0 else head.error or f"{shown} failed ({code}): {seen or 'no message'}"
+        results[w.name] = Result(w.name, shown, code, duration=head.duration, error=err)
     return results
 
 

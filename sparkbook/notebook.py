@@ -105,9 +105,6 @@ def start(namespace: Mapping[str, Any], quiet: bool = False) -> Context:
     """Validate the notebook's parameters (nothing runs on a node before this passes), choose the
     run folder, and say which of each is used."""
     params, source = resolve(namespace)
-    if params.lab:
-        from .lab import require_up
-        require_up()
     run_dir = Path(namespace.get("run_dir") or default_run_dir(params)).expanduser().resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     ctx = Context(params, source, run_dir)

@@ -60,6 +60,16 @@ class Node(_Model):
     gpus: int | None = Field(None, ge=0, description="overrides expectations.gpus_per_node")
     rails: list[Rail] = Field(default_factory=list)
 
+    @property
+    def fabric_address(self) -> str:
+        """Where the other nodes reach this one: its first rail, else its host."""
+        return str(self.rails[0].ip) if self.rails else self.host
+
+    @property
+    def peer_target(self) -> str:
+        """``user@address`` for SSH from another node, over the fabric."""
+        return f"{self.user}@{self.fabric_address}" if self.user else self.fabric_address
+
     @field_validator("host")
     @classmethod
     def _host_chars(cls, v: str) -> str:

@@ -16,7 +16,7 @@ from . import inventory
 from .params import Node, Params
 from .parsers import (parse_ethtool, parse_ibdev2netdev, parse_ibstat, parse_ibv_devinfo,
                       parse_nvidia_smi_table, parse_sections)
-from .remote import Cluster, Result, sh
+from .remote import Cluster, Result, command_line, peer_ssh, sh
 from .verdict import FAIL, PASS, SKIP, WARN, Check, Verdict
 
 SKEW_WARN_S, SKEW_FAIL_S = 0.5, 2.0
@@ -109,13 +109,8 @@ def script(params: Params, node: Node) -> str:
     if node.role == "head":
         lines.append("echo '@@ peers-ssh'")
         for peer in peers:
-            target = str(peer.rails[0].ip) if peer.rails else peer.host
-            user = f"{peer.user}@" if peer.user else ""
-            # A reachability and key check: the classic curve25519 key exchange (every OpenSSH has
-            # it) costs a tenth of the CPU of the post-quantum default, which adds up at 8 nodes.
-            lines.append(sh("( ssh -o BatchMode=yes -o ConnectTimeout=5 -o StrictHostKeyChecking=yes "
-                            "-o KexAlgorithms=curve25519-sha256 {t} true >/dev/null 2>&1; echo {n} {t} $? ) &",
-                            t=user + target, n=peer.name))
+            lines.append(f"( {command_line(peer_ssh(peer))} true >/dev/null 2>&1; "
+                         + sh("echo {n} {t} $? ) &", n=peer.name, t=peer.peer_target))
         lines.append("wait")
     return "\n".join(lines)
 

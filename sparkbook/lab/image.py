@@ -195,7 +195,7 @@ def _venv_tar(rootfs: Path, wheels: Path, digest: str, say) -> Path:
     if tar.exists():
         return tar
     t = _step(say, f"installing vLLM {VLLM_VERSION} for CPU and Ray {RAY_VERSION} into a venv (offline)")
-    script = VENV_SCRIPT.format(reqs=" ".join(f"'{r}'" for r in REQUIREMENTS), vllm=VLLM_VERSION)
+    script = VENV_SCRIPT.format(reqs=shlex.join(REQUIREMENTS), vllm=VLLM_VERSION)
     (rootfs / "wheels").mkdir(exist_ok=True)
     # In a private mount namespace: the bind mounts vanish with it, whatever happens.
     inner = (f"mount --bind {wheels} {rootfs}/wheels && mount -t proc proc {rootfs}/proc && "
@@ -232,11 +232,13 @@ def build(image: str, say=print, force: bool = False) -> str:
         rootfs = _rootfs(spec["suite"], say)
         base = f"{repo}-base:{digest[:8]}"
         if _labels(sock, base) is None:
-            t = _step(say, f"importing the base as {base}")
+            _step(say, f"importing the base as {base}")
             tar = subprocess.Popen(["tar", "-C", str(rootfs), "--exclude=./.sparkbook-done", "-c", "."],
                                    stdout=subprocess.PIPE)
             docker_at(sock, "import", "-", base, stdin=tar.stdout, timeout=900)
-            tar.wait()
+            if tar.wait() != 0:
+                docker_at(sock, "rmi", base, check=False)
+                raise LabError(f"tar of {rootfs} failed ({tar.returncode}); the base was not imported")
         venv = _venv_tar(rootfs, wheels, digest, say)
         ctx = IMAGE_DIR / f"context-{digest[:12]}"
         shutil.rmtree(ctx, ignore_errors=True)
@@ -246,7 +248,7 @@ def build(image: str, say=print, force: bool = False) -> str:
             shutil.copyfile(f, ctx / "lab" / f.name)
         (ctx / "Dockerfile").write_text(DOCKERFILE.format(base=base, label=LABEL, inputs=digest,
                                                           vllm=VLLM_VERSION, ray=RAY_VERSION))
-        t = _step(say, f"docker build {tag}")
+        _step(say, f"docker build {tag}")
         try:
             docker_at(sock, "build", "-q", "-t", tag, "-t", image, str(ctx), timeout=1800,
                       env={**os.environ, "DOCKER_BUILDKIT": "0"})
