@@ -17,11 +17,11 @@ from pathlib import Path
 from .containers import docker_run
 from .params import Node, Params
 from .parsers import nccl_transport, parse_nccl_log
-from .remote import Cluster
+from .remote import REMOTE_DIR, Cluster
+from .tables import human_bytes
 from .verdict import FAIL, PASS, SKIP, WARN, Check, Verdict
 
 CONTAINER = "sparkbook-collectives"
-REMOTE_DIR = "/tmp/sparkbook"
 SCRIPT = Path(__file__).parent / "scripts" / "allreduce.py"
 PHASES = ("rendezvous", "started", "init-done", "first-collective", "first-collective-done", "done")
 ERROR_LINE = re.compile(r"(NCCL WARN|Error|error:|Connection refused|timed out|Timeout)", re.I)
@@ -175,13 +175,13 @@ def verdict(params: Params, out: Outcome) -> Verdict:
     v.add(Check("all-reduce", "all", PASS, f"{len(rows)} sizes, world size {out.result['world_size']}, "
                 f"{out.backend}, {out.duration_s:.0f} s", "every rank finishes the sweep"))
     v.add(Check("reduced values", "all", FAIL if bad else PASS,
-                f"wrong at {', '.join(_size(b) for b in bad)}" if bad else "correct at every size",
+                f"wrong at {', '.join(human_bytes(b) for b in bad)}" if bad else "correct at every size",
                 "sum of (rank+1) in every element", "a data corruption on the fabric or a broken "
                 "NCCL build: rerun, then test each rail alone" if bad else ""))
     top = rows[-1]["busbw_gbs"]
     bar = e.busbw_gbps
     status = PASS if top >= bar else WARN if top >= bar / 2 else FAIL
-    v.add(Check("bus bandwidth", "all", status, f"{top:.3f} GB/s busbw at {_size(rows[-1]['bytes'])}",
+    v.add(Check("bus bandwidth", "all", status, f"{top:.3f} GB/s busbw at {human_bytes(rows[-1]['bytes'])}",
                 f"≥ {bar} GB/s (expectations.busbw_gbps)",
                 "" if status == PASS else "check the transport below, the link rate and MTU "
                 "(01_preflight), and that no other traffic shares the rails"))
@@ -209,10 +209,6 @@ def verdict(params: Params, out: Outcome) -> Verdict:
             v.add(Check("transport", node.name, WARN if fabric else PASS,
                         f"NCCL network {parsed['network'] or 'unknown'}", "RDMA (NET/IB)"))
     return v
-
-
-def _size(b: int) -> str:
-    return f"{b / 2**20:g} MB" if b >= 2**20 else f"{b / 2**10:g} KB"
 
 
 def save(out: Outcome, run_dir: Path) -> None:
@@ -255,5 +251,5 @@ def table(out: Outcome):
     from .tables import Table
     rows = (out.result or {}).get("rows", [])
     return Table(["size", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "correct"],
-                 [[_size(r["bytes"]), f"{r['time_us']:.1f}", f"{r['algbw_gbs']:.3f}",
+                 [[human_bytes(r["bytes"]), f"{r['time_us']:.1f}", f"{r['algbw_gbs']:.3f}",
                    f"{r['busbw_gbs']:.3f}", r["correct"]] for r in rows], title="all-reduce sweep")

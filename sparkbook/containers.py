@@ -19,17 +19,25 @@ def fabric_env(params: Params, node: Node) -> dict[str, str]:
         hcas = [r.hca for r in node.rails if r.hca]
         if hcas:
             env["NCCL_IB_HCA"] = ",".join(hcas)
+            env["NCCL_IB_GID_INDEX"] = str(params.runtime.nccl_ib_gid_index)
     return env
+
+
+# Every sparkbook container carries this label: teardown finds them all by it.
+LABEL = "sparkbook"
 
 
 def docker_run(params: Params, node: Node, name: str, command: Sequence[str], *,
                env: Mapping[str, str] | None = None, mounts: Sequence[str] = (),
-               detach: bool = True) -> list[str]:
+               detach: bool = True, labels: Mapping[str, str] | None = None,
+               env_file: str | None = None, remove: bool = False) -> list[str]:
     """``docker run`` for a sparkbook container on ``node`` (an argument list, quoted by the remote
-    layer)."""
+    layer). Secrets go in ``env_file`` (a file on the node), never in the arguments."""
     rt = params.runtime
-    args = ["docker", "run", *(["-d"] if detach else []), "--name", name, "--network", "host",
-            "--ipc", "host", "--shm-size", rt.shm_size]
+    args = ["docker", "run", *(["-d"] if detach else []), *(["--rm"] if remove else []),
+            "--name", name, "--label", f"{LABEL}={params.name}",
+            *[a for k, v in (labels or {}).items() for a in ("--label", f"{k}={v}")],
+            "--network", "host", "--ipc", "host", "--shm-size", rt.shm_size]
     if rt.gpus:
         args += ["--gpus", "all"]
     if rt.privileged:
@@ -40,4 +48,6 @@ def docker_run(params: Params, node: Node, name: str, command: Sequence[str], *,
         args += ["-v", m]
     for k, v in {**fabric_env(params, node), **(env or {})}.items():
         args += ["-e", f"{k}={v}"]
+    if env_file:
+        args += ["--env-file", env_file]
     return args + [rt.image, *command]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .params import Node, Params
+from .params import Params
 from .parsers import parse_key_values, parse_nvidia_smi_csv, parse_sections
 from .remote import Cluster, Result, sh
 from .tables import Table

@@ -12,6 +12,7 @@ A notebook's ``parameters`` cell holds only ``params_file`` and ``run_dir`` (bot
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -46,6 +47,9 @@ class Context:
         return p
 
     def save_json(self, name: str, data: Any) -> Path:
+        """``data`` (plain data or a dataclass) as JSON in the run folder."""
+        if dataclasses.is_dataclass(data):
+            data = dataclasses.asdict(data)
         p = self.path(name)
         p.write_text(json.dumps(data, indent=2, default=str) + "\n")
         return p
@@ -60,6 +64,19 @@ class Context:
         except ImportError:  # outside IPython
             print(verdict.to_text())
         verdict.raise_for_failures()
+
+    def gate(self, verdict: Verdict, step: str) -> Verdict:
+        """A check before the work of a step: when anything failed, the step ends here with this
+        verdict (as :meth:`conclude`); otherwise the verdict is shown and returned, to be part of
+        the final one."""
+        if verdict.failures:
+            self.conclude(verdict, step)
+        try:
+            from IPython.display import display
+            display(verdict)
+        except ImportError:
+            print(verdict.to_text())
+        return verdict
 
     def describe(self) -> str:
         p = self.params

@@ -97,6 +97,9 @@ class Runtime(_Model):
     privileged: bool = False
     rdma: bool = Field(True, description="give containers the RDMA devices (/dev/infiniband, IPC_LOCK)")
     docker_root: str | None = Field(None, description="Docker data root, for the disk check")
+    hf_cache: str | None = Field(None, description="Hugging Face cache on every node, mounted into "
+                                 "the serving container (absolute path)")
+    nccl_ib_gid_index: int = Field(3, ge=0, description="RoCE v2 GID index for NCCL (3 on DGX OS)")
 
 
 class ModelSpec(_Model):
@@ -133,6 +136,11 @@ class Serving(_Model):
     extra_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     startup_timeout: float = Field(1800, gt=0)
+    ray_object_store_gb: float = Field(
+        4, gt=0, description="Ray's object store cap per node: on GB10 it comes out of the unified "
+        "memory the model needs")
+    api_url: str | None = Field(None, description="where this machine reaches the API (default "
+                                "http://<head host>:<ports.api>)")
 
     @field_validator("env")
     @classmethod
@@ -179,6 +187,24 @@ class Collectives(_Model):
         return out
 
 
+class Distribution(_Model):
+    """How 03 gets the image and the model onto every node."""
+    source: Literal["head", "registry"] = Field(
+        "head", description="head: stream the head's image to the workers over SSH; registry: "
+        "`docker pull` on every node")
+    compress: Literal["auto", "on", "off"] = Field(
+        "auto", description="zstd on the stream; auto: when both ends have zstd and it outruns the pipe")
+    reader: Literal["auto", "container", "docker-save"] = Field(
+        "auto", description="auto: read the head's layers straight from Docker's layer store "
+        "(overlay2), which starts at once, in a throwaway container of the image where the SSH user "
+        "cannot read Docker's folder (container: always so); docker-save: always `docker save`, "
+        "which first copies the whole image into a temporary folder")
+    parallel: int = Field(4, ge=1, description="workers fed by one read of the image at once")
+    timeout_s: float = Field(3600, gt=0, description="limit for one image or model copy")
+    model_sync: bool = Field(True, description="copy the model from the head where a worker's "
+                             "differs; off where the model lives on shared storage (NFS)")
+
+
 class Reference(_Model):
     label: str
     single_user_tok_s: float | None = Field(None, gt=0)
@@ -216,6 +242,7 @@ class Params(_Model):
     ports: Ports = Field(default_factory=Ports)
     expectations: Expectations = Field(default_factory=Expectations)
     collectives: Collectives = Field(default_factory=Collectives)
+    distribution: Distribution = Field(default_factory=Distribution)
     benchmark: Benchmark = Field(default_factory=Benchmark)
 
     @property
@@ -231,6 +258,12 @@ class Params(_Model):
             if n.name == name:
                 return n
         raise KeyError(f"no node named {name!r} (nodes: {', '.join(n.name for n in self.nodes)})")
+
+    @property
+    def endpoint(self) -> str:
+        """The OpenAI-compatible API's base URL as this machine reaches it."""
+        url = self.serving.api_url or f"http://{self.head.host}:{self.ports.api}"
+        return url.rstrip("/")
 
     def gpus_of(self, node: Node) -> int:
         return self.expectations.gpus_per_node if node.gpus is None else node.gpus
@@ -268,7 +301,7 @@ def _message(err: Mapping[str, Any]) -> str:
     elif kind == "missing":
         return "required field is missing"
     elif kind == "extra_forbidden":
-        return f"unknown field (allowed here: see the schema in sparkbook/params.py)"
+        return "unknown field (allowed here: see the schema in sparkbook/params.py)"
     elif kind == "string_pattern_mismatch" and loc and loc[-1] == "name":
         msg = "must be letters, digits, '.', '_' or '-', starting with a letter or digit"
     if any(isinstance(p, str) and any(h in p.lower() for h in _SECRET_HINTS) for p in loc):

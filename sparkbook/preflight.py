@@ -14,7 +14,7 @@ from typing import Any
 
 from . import inventory
 from .params import Node, Params
-from .parsers import (parse_ethtool, parse_ibdev2netdev, parse_ibstat, parse_ibv_devinfo,
+from .parsers import (listener, parse_ethtool, parse_ibdev2netdev, parse_ibstat, parse_ibv_devinfo,
                       parse_nvidia_smi_table, parse_sections)
 from .remote import Cluster, Result, command_line, peer_ssh, sh
 from .verdict import FAIL, PASS, SKIP, WARN, Check, Verdict
@@ -161,15 +161,6 @@ def parse(stdout: str) -> dict[str, Any]:
     out["peers_ssh"] = {p[0]: (p[1], p[2] == "0") for p in (ln.split() for ln in s.get("peers-ssh", "").splitlines())
                         if len(p) == 3}
     return out
-
-
-def _listener(lines: list[str], port: int) -> str | None:
-    for ln in lines:
-        cols = ln.split()
-        if len(cols) >= 4 and cols[3].rsplit(":", 1)[-1] == str(port):
-            proc = next((c for c in cols[4:] if c.startswith("users:")), "")
-            return f"{cols[3]} {proc}".strip()
-    return None
 
 
 def checks(params: Params, data: dict[str, dict], results: dict[str, Result]) -> Verdict:
@@ -325,7 +316,7 @@ def checks(params: Params, data: dict[str, dict], results: dict[str, Result]) ->
     if head.name in data:
         busy = []
         for name, port in params.ports.model_dump().items():
-            seen = _listener(data[head.name]["listeners"], port)
+            seen = listener(data[head.name]["listeners"], port)
             if seen:
                 busy.append(f"{name} {port}: {seen}")
         v.add(Check("ports free", head.name, FAIL if busy else PASS, "; ".join(busy) or

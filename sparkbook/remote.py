@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import re
 import shlex
 import socket
@@ -21,7 +22,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence, TextIO, Union
 
@@ -40,6 +41,8 @@ logging.getLogger("paramiko").propagate = False
 Command = Union[str, Sequence[str]]
 PerNode = Union[Command, Callable[[Node], Command]]
 
+# Where sparkbook puts the scripts it runs on the nodes.
+REMOTE_DIR = "/tmp/sparkbook"
 # Exit status of coreutils `timeout` when the limit was reached.
 TIMEOUT_STATUS = 124
 KILL_GRACE_S = 5
@@ -58,9 +61,12 @@ def command_line(cmd: Command) -> str:
 def peer_ssh(peer: Node) -> list[str]:
     """SSH from one node to another over the fabric, as a command run on a node: no prompt, host
     key checked. The classic curve25519 key exchange (every OpenSSH has it) costs a tenth of the
-    CPU of the post-quantum default, which adds up when many nodes connect at once."""
+    CPU of the post-quantum default, which adds up when many nodes connect at once; AES-GCM first
+    (hardware-accelerated on x86 and on the Grace CPU's Arm cores) for the bulk copies."""
     return ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-o", "StrictHostKeyChecking=yes",
-            "-o", "KexAlgorithms=curve25519-sha256", peer.peer_target]
+            "-o", "KexAlgorithms=curve25519-sha256",
+            "-o", "Ciphers=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com",
+            peer.peer_target]
 
 
 def wrap(cmd: Command, timeout: float, env: Mapping[str, str] | None = None) -> str:
@@ -354,16 +360,23 @@ class Cluster:
     def put(self, local: str | Path, remote: str, nodes: Iterable[Node | str] | None = None,
             mode: int = 0o644) -> Results:
         """Copy a file to the same path on the nodes (SFTP), in parallel."""
-        data = Path(local).read_bytes()
-        shown = f"put {local} -> {remote}"
+        return self.put_bytes(Path(local).read_bytes(), remote, nodes, mode, f"put {local} -> {remote}")
+
+    def put_bytes(self, data: bytes, remote: str, nodes: Iterable[Node | str] | None = None,
+                  mode: int = 0o644, shown: str | None = None) -> Results:
+        """Write ``data`` to the same path on the nodes, in parallel; the file has ``mode`` before
+        any byte is written (so a secret is never readable by others, even for a moment)."""
+        shown = shown or f"write {remote}"
 
         def one(node: Node) -> Result:
             start = time.monotonic()
             if node.local:
                 try:
                     Path(remote).parent.mkdir(parents=True, exist_ok=True)
-                    Path(remote).write_bytes(data)
-                    Path(remote).chmod(mode)
+                    fd = os.open(remote, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+                    os.fchmod(fd, mode)
+                    with os.fdopen(fd, "wb") as f:
+                        f.write(data)
                 except OSError as e:
                     return Result(node.name, shown, None, error=f"{remote}: {e.strerror}")
                 return Result(node.name, shown, 0, duration=time.monotonic() - start)
@@ -375,8 +388,8 @@ class Cluster:
                 if not mk.ok:
                     return Result(node.name, shown, mk.exited, mk.stdout, mk.stderr)
                 with conn.sftp().open(remote, "wb") as f:
+                    f.chmod(mode)
                     f.write(data)
-                conn.sftp().chmod(remote, mode)
             except OSError as e:
                 return Result(node.name, shown, None, error=f"{remote}: {e.strerror or e}")
             except Exception as e:

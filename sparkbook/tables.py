@@ -9,6 +9,15 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 
+def human_bytes(n: float) -> str:
+    """``1536`` -> ``1.5 KiB``: binary units, three significant figures."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.3g} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    raise AssertionError
+
+
 @dataclass
 class Table:
     columns: Sequence[str]

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkbook.params import SSH, Node
+from sparkbook.params import SSH, Node, load
+from sparkbook.remote import Cluster
 from sparkbook.sshd import SshServer, keygen
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -90,3 +91,14 @@ def lab():
     yield the_lab
     the_lab.down(say=lambda *_: None)
     assert leftovers() == [], "lab down left things behind"
+
+
+@pytest.fixture(scope="module")
+def params(lab):
+    """parameters/lab.yaml, with the lab up."""
+    return load(Path(__file__).resolve().parents[1] / "parameters" / "lab.yaml")
+
+
+@pytest.fixture(scope="module")
+def cluster(params):
+    return Cluster.from_params(params)

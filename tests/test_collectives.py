@@ -1,10 +1,8 @@
 """02_collectives: the command builder, the hang diagnosis, and real sweeps on the lab."""
 
 import json
-import subprocess
 from pathlib import Path
 
-import pytest
 
 from sparkbook import collectives
 from sparkbook.cli import main

@@ -1,13 +1,9 @@
-"""The lab: real SSH, Docker, multi-node vLLM and Ray across simulated DGX Spark nodes; the
-simulated hardware against real Spark outputs; faults and healing; nothing left after down."""
+"""The lab: real SSH and Docker across simulated DGX Spark nodes (vLLM and Ray across them:
+test_launch); the simulated hardware against real Spark outputs; faults and healing; nothing left
+after down."""
 
-import hashlib
 import json
-import re
 import shlex
-import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -15,10 +11,8 @@ import yaml
 
 from conftest import field_sample
 from sparkbook import parsers
-from sparkbook.containers import docker_run
 from sparkbook.lab import faults
 from sparkbook.lab.lab import lab_params, leftovers
-from sparkbook.params import load
 from sparkbook.remote import Cluster
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,16 +27,6 @@ def test_bigger_labs_add_nodes_on_their_own_addresses():
     assert [n["name"] for n in p["nodes"]] == [f"spark-{i}" for i in range(1, 9)]
     ips = [r["ip"] for n in p["nodes"] for r in n["rails"]]
     assert len(set(ips)) == 16 and [n["role"] for n in p["nodes"]].count("head") == 1
-
-
-@pytest.fixture(scope="module")
-def params(lab):
-    return load(ROOT / "parameters" / "lab.yaml")
-
-
-@pytest.fixture(scope="module")
-def cluster(params):
-    return Cluster.from_params(params)
 
 
 def run_ok(cluster, cmd, nodes=None, timeout=120):
@@ -175,94 +159,6 @@ def test_fault_is_observable_and_heal_undoes_it(lab, cluster, params, kind):
         assert faults.heal(lab, kind) == [rec]
     assert not _observe(cluster, params, kind), f"heal did not undo {kind}"
     assert lab.state()["faults"] == []
-
-
-@pytest.fixture(scope="module")
-def image_everywhere(lab, params):
-    """The serving image on every node (image distribution proper is the 03 notebook's work;
-    here a plain save | load from the head's daemon into each worker's)."""
-    from sparkbook.lab.lab import docker
-    head, *workers = lab.nodes()
-    for w in workers:
-        if docker(w, "image", "inspect", params.runtime.image, check=False).returncode == 0:
-            continue
-        save = subprocess.Popen(["docker", "--host", f"unix://{head.docker_sock}", "save",
-                                 params.runtime.image], stdout=subprocess.PIPE)
-        docker(w, "load", "-q", stdin=save.stdout, timeout=900)
-        assert save.wait() == 0
-
-
-def _get(url, data=None, timeout=10):
-    req = urllib.request.Request(url, data=json.dumps(data).encode() if data else None,
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read())
-
-
-def test_vllm_tensor_parallel_across_both_nodes(cluster, params, image_everywhere):
-    """vLLM for CPU, TP 2 over the two lab nodes with the mp executor, in the lab image's
-    containers (--network host), answering /v1/models and a chat completion."""
-    head, worker = params.nodes
-    name = "sparkbook-labtest-vllm"
-
-    def command(node):
-        rank = params.nodes.index(node)
-        serve = ["vllm", "serve", params.model.path, "--tensor-parallel-size", "2", "--nnodes", "2",
-                 "--node-rank", str(rank), "--master-addr", str(head.rails[0].ip), "--master-port",
-                 str(params.ports.master), "--max-model-len", "2048", *params.serving.extra_args]
-        serve += ["--headless"] if rank else ["--host", "0.0.0.0", "--port", str(params.ports.api)]
-        model_dir = str(Path(params.model.path).parent)
-        return docker_run(params, node, name, serve, mounts=[f"{model_dir}:{model_dir}"],
-                          env={"VLLM_HOST_IP": str(node.rails[0].ip), **params.serving.env})
-
-    try:
-        run_ok(cluster, command, [worker])
-        run_ok(cluster, command, [head])
-        url = f"http://{head.host}:{params.ports.api}"
-        deadline, models = time.monotonic() + 240, None
-        while time.monotonic() < deadline and models is None:
-            try:
-                models = _get(f"{url}/v1/models", timeout=3)
-            except OSError:
-                time.sleep(3)
-        logs = cluster.run(["docker", "logs", name])
-        assert models is not None, {n: r.stdout[-2000:] + r.stderr[-2000:] for n, r in logs.items()}
-        assert models["data"][0]["id"] == params.model.path
-        chat = _get(f"{url}/v1/chat/completions", {
-            "model": params.model.path, "max_tokens": 16,
-            "messages": [{"role": "user", "content": "Say hello"}]}, timeout=60)
-        assert chat["usage"]["completion_tokens"] == 16
-        text = logs["spark-1"].stdout + logs["spark-1"].stderr
-        assert re.search(r"world_size=2", text) and "gloo" in text
-    finally:
-        cluster.run(["docker", "rm", "-f", name])
-
-
-def test_ray_cluster_across_the_lab_nodes(cluster, params, image_everywhere):
-    head, worker = params.nodes
-    name = "sparkbook-labtest-ray"
-
-    def ray(node, *args):
-        return docker_run(params, node, name, ["ray", "start", "--block", "--num-cpus", "1",
-                                               "--object-store-memory", "100000000",
-                                               "--disable-usage-stats", *args])
-
-    try:
-        run_ok(cluster, ray(head, "--head", "--node-ip-address", str(head.rails[0].ip),
-                            "--port", str(params.ports.ray), "--dashboard-host", "127.0.0.1"), [head])
-        time.sleep(3)
-        run_ok(cluster, ray(worker, "--address", f"{head.rails[0].ip}:{params.ports.ray}",
-                            "--node-ip-address", str(worker.rails[0].ip)), [worker])
-        deadline, status = time.monotonic() + 90, ""
-        while time.monotonic() < deadline:
-            status = cluster.run(["docker", "exec", name, "ray", "status"], [head], timeout=60)[head.name].stdout
-            active = status.split("Active:")[-1].split("Pending:")[0] if "Active:" in status else ""
-            if len(re.findall(r"node_[0-9a-f]+", active)) == 2:
-                break
-            time.sleep(3)
-        assert len(re.findall(r"node_[0-9a-f]+", active)) == 2, status
-    finally:
-        cluster.run(["docker", "rm", "-f", name])
 
 
 def test_down_leaves_nothing_and_up_again_with_the_image_on_the_head_only(lab, params):

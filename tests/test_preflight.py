@@ -8,16 +8,10 @@ import pytest
 from sparkbook import preflight
 from sparkbook.cli import main
 from sparkbook.lab import faults
-from sparkbook.params import load
 from sparkbook.remote import Cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = ROOT / "parameters" / "lab.yaml"
-
-
-@pytest.fixture(scope="module")
-def params(lab):
-    return load(LAB)
 
 
 def failures(params):
