@@ -733,9 +733,12 @@ def serve_verdict(params: Params, dep: Deployment) -> Verdict:
                     "" if want in dep.models else "check serving.served_model_name"))
         return v
     for node, how in dep.stopped.items():
+        killed = "137" in how or "143" in how or "OOM" in how
         v.add(Check("serving container", node, FAIL, f"{serving_container(params)} {how}", "running",
-                    "read its log (logs/{}/); code 137 means killed: by `docker kill`/OOM killer "
-                    "(memory: lower gpu_memory_utilization)".format(node), f"docker logs {serving_container(params)}"))
+                    f"read its log (logs/{node}/ in the run folder)" + (
+                        ": it was killed (`docker kill`, or the kernel's OOM killer: lower "
+                        "serving.gpu_memory_utilization)" if killed else ""),
+                    f"docker logs {serving_container(params)}"))
     if dep.diagnosis:
         for d in dep.diagnosis:
             v.add(Check("startup", d["node"], FAIL, f"{d['cause']}: {d['evidence']}", "vLLM ready",

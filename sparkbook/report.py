@@ -11,6 +11,7 @@ from nbconvert import HTMLExporter
 from nbconvert.preprocessors import TagRemovePreprocessor
 
 from .errors import SparkbookError
+from .redact import mask
 
 TEMPLATE = Path(__file__).parent / "templates" / "report" / "sparkbook_report.html.j2"
 # Cells tagged so keep their output in the report but not their code: the prose says enough.
@@ -37,6 +38,57 @@ def _index(summary: dict) -> str:
             f"<th>duration</th><th>error</th></tr></thead><tbody>{''.join(rows)}</tbody></table>\n")
 
 
+def _load(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def key_numbers(run_dir: Path) -> list[tuple[str, str]]:
+    """The numbers people look for first, from the run folder's data (what exists of it)."""
+    out = []
+    coll = _load(run_dir / "collectives.json")
+    if coll and coll.get("result"):
+        top = coll["result"]["rows"][-1]
+        out.append(("all-reduce bus bandwidth", f"{top['busbw_gbs']:.2f} GB/s at "
+                    f"{top['bytes'] / 2**20:g} MiB ({coll['backend']})"))
+    dist = (_load(run_dir / "distribution.json") or {}).get("image")
+    if dist:
+        sent = dist["transfers"]
+        out.append(("image distribution", "already on every node" if not sent else "; ".join(
+            f"{t['node']}: {t['wire'] / 1e9:.2f} GB in {t['seconds']:.0f} s"
+            + (f" ({t['layers_held']} layers already there)" if t["layers_held"] else "") for t in sent)))
+    serving = _load(run_dir / "serving.json")
+    if serving:
+        out.append(("vLLM start-up", (f"ready in {serving['seconds']:.0f} s" if serving["ready"] else
+                                      f"not ready after {serving['seconds']:.0f} s")
+                    + f" ({serving['action']})"))
+    bench = _load(run_dir / "benchmark" / "results.json")
+    if bench:
+        first = next((lv for lv in bench.get("depths", []) if lv.get("decode_tok_s")), None)
+        if first:
+            out.append(("single user", f"{first['decode_tok_s']:.1f} tok/s decode, "
+                        f"{first['prefill_tok_s'] or 0:.0f} tok/s prefill at depth {first['depth']}"))
+        conc = [lv for lv in bench.get("concurrency", []) if lv.get("output_tok_s")]
+        if conc:
+            best = max(conc, key=lambda lv: lv["output_tok_s"])
+            out.append(("peak throughput", f"{best['output_tok_s']:.0f} output tok/s at concurrency "
+                        f"{best['concurrency']} (TTFT p50 {best['ttft_ms']['p50'] or 0:.0f} ms)"))
+    return out
+
+
+def commands(run_dir: Path) -> list[tuple[str, str, str]]:
+    """(step, node, command) of every check that names the command it ran."""
+    out = []
+    for path in sorted((run_dir / "verdicts").glob("*.json")):
+        for c in (_load(path) or {}).get("checks", []):
+            row = (path.stem, c.get("node", ""), c.get("command", ""))
+            if row[2] and row not in out:
+                out.append(row)
+    return out
+
+
 def build(run_dir: str | Path) -> Path:
     """Write ``report.html`` in the run folder from ``summary.json`` and the executed notebooks."""
     run_dir = Path(run_dir)
@@ -46,6 +98,11 @@ def build(run_dir: str | Path) -> Path:
         raise SparkbookError(f"{run_dir}: not a run folder (summary.json: {e})") from None
     merged = nbformat.v4.new_notebook()
     merged.cells.append(_md(_index(summary)))
+    numbers = key_numbers(run_dir)
+    if numbers:
+        merged.cells.append(_md("<table class='sparkbook-key-numbers'><tbody>" + "".join(
+            f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in numbers)
+            + "</tbody></table>"))
     for s in summary["steps"]:
         head = f"<a id='step-{s['step']}'></a>\n\n## {html.escape(s['name'])}: {s['status']}"
         if s["status"] != "skipped":
@@ -62,12 +119,21 @@ def build(run_dir: str | Path) -> Path:
         for i, cell in enumerate(nb.cells):
             cell["id"] = f"s{s['step']}-{i}"
             merged.cells.append(cell)
+    ran = commands(run_dir)
+    if ran:
+        merged.cells.append(_md("<a id='commands'></a>\n\n## Commands run by the checks\n\n"
+                                "<table class='sparkbook-summary'><thead><tr><th>step</th><th>node</th>"
+                                "<th>command</th></tr></thead><tbody>" + "".join(
+                                    f"<tr><td>{html.escape(a)}</td><td>{html.escape(b)}</td>"
+                                    f"<td><code>{html.escape(c)}</code></td></tr>" for a, b, c in ran)
+                                + "</tbody></table>"))
     exporter = HTMLExporter(extra_template_paths=[str(TEMPLATE.parent)], template_file=TEMPLATE.name,
                             embed_images=True)
     exporter.register_preprocessor(TagRemovePreprocessor(
-        remove_input_tags={HIDE_INPUT}, remove_cell_tags={"parameters"}, enabled=True), True)
+        remove_input_tags={HIDE_INPUT}, remove_cell_tags={"parameters", "injected-parameters"},
+        enabled=True), True)
     body, _ = exporter.from_notebook_node(
         merged, resources={"metadata": {"name": f"sparkbook: {summary.get('deployment', 'run')}"}})
     out = run_dir / "report.html"
-    out.write_text(body)
+    out.write_text(mask(body))
     return out

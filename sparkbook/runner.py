@@ -17,6 +17,7 @@ import papermill
 
 from .errors import SparkbookError
 from .params import load, project_root
+from .redact import mask
 
 STEP_RE = re.compile(r"^(\d\d)_[A-Za-z0-9_]+\.ipynb$")
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -66,11 +67,18 @@ def _error_text(exc: BaseException) -> str:
     return ANSI_RE.sub("", text).strip()
 
 
+class _Masked(logging.Formatter):
+    """The notebooks' streamed output, with any secret value from the environment masked."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return mask(super().format(record))
+
+
 def _logging() -> None:
     log = logging.getLogger("papermill")
     if not any(getattr(h, "_sparkbook", False) for h in log.handlers):
         h = logging.StreamHandler(sys.stderr)
-        h.setFormatter(logging.Formatter("%(message)s"))
+        h.setFormatter(_Masked("%(message)s"))
         h._sparkbook = True  # type: ignore[attr-defined]
         log.addHandler(h)
         log.setLevel(logging.INFO)
@@ -112,7 +120,10 @@ def run(params_file: str | Path, steps: str | None = None, out: str | Path | Non
                 execution_timeout=cell_timeout, report_mode=False)
             rec.status = "passed"
         except Exception as e:  # the notebook failed: papermill already saved what it ran
-            rec.status, rec.error, failed = "failed", _error_text(e), True
+            rec.status, rec.error, failed = "failed", mask(_error_text(e)), True
+        executed = run_dir / nb.name
+        if executed.exists():  # a secret a cell printed by mistake stops here too
+            executed.write_text(mask(executed.read_text()))
         rec.duration_s = round(time.monotonic() - t0, 2)
         print(f"== step {rec.name}: {rec.status} in {rec.duration_s:.1f} s"
               + (f"\n{rec.error}" if rec.error else ""), file=sys.stderr, flush=True)

@@ -144,3 +144,31 @@ def test_injected_bad_field_fails_the_cell_with_the_path(tmp_path):
     errors = [o for c in executed.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert len(errors) == 1 and errors[0]["ename"] == "ParamsError"
     assert not any(".py" in line for line in errors[0]["traceback"])
+
+
+def test_report_key_numbers_commands_and_masked_secrets(books, tmp_path, monkeypatch):
+    from sparkbook import report
+    secret = "hf_reportSECRET123456"
+    monkeypatch.setenv("HF_TOKEN", secret)
+    notebook(books / "03_leaky.ipynb", START, f"print('token {secret} in an output')\n"
+             "from sparkbook import Check, Verdict\n"
+             "ctx.conclude(Verdict('leaky', [Check('thing', 'node-a', 'PASS', 'ok', '', '', "
+             "'docker exec x true')]), '03_leaky')")
+    out = tmp_path / "run"
+    assert main(["run", "-p", str(LOCALHOST), "--notebooks", str(books), "--steps", "00,03",
+                 "--out", str(out)]) == 0
+    (out / "serving.json").write_text(json.dumps({"action": "started", "ready": True, "seconds": 41.6}))
+    (out / "benchmark").mkdir()
+    (out / "benchmark" / "results.json").write_text(json.dumps({
+        "depths": [{"depth": 0, "decode_tok_s": 27.4, "prefill_tok_s": 900.0}],
+        "concurrency": [{"concurrency": c, "output_tok_s": t, "ttft_ms": {"p50": 80.0}}
+                        for c, t in ((1, 27.0), (4, 90.5), (8, 85.0))]}))
+    assert dict(report.key_numbers(out)) == {
+        "vLLM start-up": "ready in 42 s (started)",
+        "single user": "27.4 tok/s decode, 900 tok/s prefill at depth 0",
+        "peak throughput": "90 output tok/s at concurrency 4 (TTFT p50 80 ms)"}
+    assert report.commands(out) == [("03_leaky", "node-a", "docker exec x true")]
+    html = report.build(out).read_text()
+    assert secret not in html and "********" in html
+    assert secret not in (out / "03_leaky.ipynb").read_text()
+    assert "sparkbook-key-numbers" in html and "docker exec x true" in html

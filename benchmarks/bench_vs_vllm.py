@@ -1,0 +1,166 @@
+"""sparkbook's benchmark client against the field's reference, `vllm bench serve`, side by side on the
+lab endpoint, on the same load: random prompts, fixed input and output lengths (ignore_eos), the
+completions endpoint, max concurrency 1, 8 and 32.
+
+Goals (the benchmark issue): output throughput within 3 %, mean TTFT within 10 %, and sparkbook's
+client CPU seconds per output token no more than vllm bench serve's.
+
+Client CPU is compared over the measured run only: vllm bench serve's process CPU between its
+"Starting main benchmark run" and its result (read from /proc in the container; its start-up,
+imports and local tokenization left out), against the CPU of sparkbook's client loop during the
+level (its prompt sizing left out the same way), each divided by the output tokens. Both clients
+run on the head node and reach vLLM over its loopback: vllm bench serve in the lab image
+(`--network host`), sparkbook in the head's network namespace. On this machine
+the clients share two cores with the server, so each level runs three times, the two clients
+alternating, and the medians are compared.
+
+Needs root and `sparkbook lab up`; brings vLLM up with 05's launch (kept if already serving).
+
+    .venv/bin/python benchmarks/bench_vs_vllm.py [--input-len 128] [--output-len 128] [--python PY]
+
+The interpreter matters for the CPU figures: the same bare aiohttp streaming loop took 0.19 ms of
+CPU per token in the lab image's Debian Python and 0.25-0.31 ms in this machine's pyenv-built
+Python; `--python` runs sparkbook's client on another interpreter (with sparkbook's dependencies
+installed) for a like-for-like comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from sparkbook import bench, launch
+from sparkbook.containers import docker_run
+from sparkbook.lab import Lab
+from sparkbook.notebook import default_run_dir
+from sparkbook.remote import REMOTE_DIR, Cluster, command_line
+
+LEVELS = ((1, 16), (8, 64), (32, 128))  # (max concurrency, requests)
+REPEAT = 3
+# Runs vllm bench serve and prints the CPU seconds of its main run (utime + stime from /proc).
+CPU = """
+import os, subprocess, sys
+p = subprocess.Popen(sys.argv[1:], stdout=subprocess.PIPE, text=True, bufsize=1)
+def cpu():
+    with open(f"/proc/{p.pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+start = end = None
+for line in p.stdout:
+    sys.stdout.write(line)
+    if start is None and "Starting main benchmark run" in line:
+        start = cpu()
+    if end is None and "Serving Benchmark Result" in line:
+        end = cpu()
+code = p.wait()
+print("CPU_S", end - start if start is not None and end is not None else -1)
+sys.exit(code)
+"""
+
+
+def vllm_bench(params, cluster, concurrency, n, input_len, output_len):
+    """One `vllm bench serve` run on the head: its result JSON and its CPU seconds."""
+    name = f"c{concurrency}-n{n}.json"
+    cmd = ["python3", "-c", CPU, "vllm", "bench", "serve", "--backend", "vllm",
+           "--base-url", f"http://127.0.0.1:{params.ports.api}", "--endpoint", "/v1/completions",
+           "--model", params.model.path, "--tokenizer", params.model.path, "--dataset-name", "random",
+           "--random-input-len", str(input_len), "--random-output-len", str(output_len), "--ignore-eos",
+           "--num-prompts", str(n), "--max-concurrency", str(concurrency), "--request-rate", "inf",
+           "--seed", "0", "--temperature", "0", "--disable-tqdm", "--save-result", "--result-dir", f"{REMOTE_DIR}/bench",
+           "--result-filename", name]
+    run = docker_run(params, params.head, "sparkbook-bench-reference", cmd, detach=False, remove=True,
+                     mounts=[f"{params.model.path}:{params.model.path}:ro",
+                             f"{REMOTE_DIR}/bench:{REMOTE_DIR}/bench"])
+    r = cluster.run_on(params.head, f"mkdir -p {REMOTE_DIR}/bench && " + command_line(run)
+                       + f" && cat {REMOTE_DIR}/bench/{name}", timeout=900)
+    if not r.ok:
+        raise SystemExit(f"vllm bench serve failed: {r.summary(20)}")
+    cpu = float(next(ln.split()[1] for ln in r.stdout.splitlines() if ln.startswith("CPU_S")))
+    return json.loads(r.stdout.strip().splitlines()[-1]), cpu
+
+
+def ours(lab, params, concurrency, n, input_len, output_len, python=sys.executable) -> dict:
+    """One sparkbook run_load in the head node's network namespace (this script again, as a
+    client): the level as JSON; its client_cpu_s is its loop's CPU during the level."""
+    pid = lab.init_pid(lab.nodes()[0])
+    job = json.dumps({"url": f"http://127.0.0.1:{params.ports.api}", "model": params.model.path,
+                      "concurrency": concurrency, "n": n, "input_len": input_len, "output_len": output_len})
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    r = subprocess.run(["nsenter", "-t", str(pid), "-n", "--", python, __file__, "--client", job],
+                       capture_output=True, text=True, timeout=900, env=env)
+    found = [ln for ln in r.stdout.splitlines() if ln.startswith("LEVEL ")]
+    if r.returncode or not found:
+        raise SystemExit(f"sparkbook client failed: {r.stderr[-2000:]}")
+    return json.loads(found[-1][6:])
+
+
+def client(job: str) -> None:
+    j = json.loads(job)
+    lv = bench.run_load(j["url"], j["model"], prompt_tokens=j["input_len"], output_tokens=j["output_len"],
+                        concurrency=j["concurrency"], num_requests=j["n"], seed=0, endpoint="completions",
+                        warmup=1, prompt_salt="", progress=False, say=lambda *_: None)
+    print("LEVEL " + json.dumps({k: v for k, v in dataclasses.asdict(lv).items() if k != "requests"}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--python", default=sys.executable,
+                    help="interpreter for sparkbook's client (a Debian /usr/bin/python3 venv matches "
+                         "the lab image's, which vllm bench serve runs on)")
+    ap.add_argument("--client", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.client:
+        return client(args.client)
+    lab = Lab()
+    params = lab.params()
+    cluster = Cluster.from_params(params)
+    run_dir = default_run_dir(params).parent / f"bench-vs-vllm-{time.strftime('%Y%m%dT%H%M%S')}"
+    dep = launch.serve(params, cluster, run_dir, say=print)
+    if not dep.ready:
+        raise SystemExit(launch.serve_verdict(params, dep).to_text())
+    print(f"sparkbook's client runs on {args.python}")
+    rows = []
+    for concurrency, n in LEVELS:
+        runs = []
+        for _ in range(REPEAT):
+            lv = ours(lab, params, concurrency, n, args.input_len, args.output_len, args.python)
+            ref, ref_cpu = vllm_bench(params, cluster, concurrency, n, args.input_len, args.output_len)
+            runs.append({"ours_output_tok_s": lv["output_tok_s"], "vllm_output_tok_s": ref["output_throughput"],
+                         "ours_mean_ttft_ms": lv["ttft_ms"]["mean"], "vllm_mean_ttft_ms": ref["mean_ttft_ms"],
+                         "ours_cpu_ms_per_token": lv["client_cpu_s"] * 1e3
+                         / max((lv["output_tokens_mean"] or 0) * lv["completed"], 1),
+                         "vllm_cpu_ms_per_token": ref_cpu * 1e3 / max(ref.get("total_output_tokens")
+                                                                  or ref["output_throughput"] * ref["duration"], 1),
+                         "ours_failures": lv["failures"], "ours_errors": lv["errors"],
+                         "vllm_failed": ref.get("failed", 0)})
+            print(json.dumps(runs[-1]), flush=True)
+        row = {"concurrency": concurrency, "requests": n, "runs": runs}
+        for k in runs[0]:
+            if k.endswith(("tok_s", "ttft_ms", "per_token")):
+                row[k] = statistics.median(r[k] for r in runs)
+        rows.append(row)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "bench_vs_vllm.json").write_text(json.dumps(rows, indent=2) + "\n")
+    print(f"\n{'c':>3} {'tok/s ours':>11} {'vllm':>8} {'ratio':>6} {'TTFT ours':>10} {'vllm':>8} {'ratio':>6}"
+          f" {'CPU ms/tok ours':>16} {'vllm':>7} {'ratio':>6}")
+    for r in rows:
+        print(f"{r['concurrency']:>3} {r['ours_output_tok_s']:>11.1f} {r['vllm_output_tok_s']:>8.1f} "
+              f"{r['ours_output_tok_s'] / r['vllm_output_tok_s']:>6.3f} {r['ours_mean_ttft_ms']:>10.1f} "
+              f"{r['vllm_mean_ttft_ms']:>8.1f} {r['ours_mean_ttft_ms'] / r['vllm_mean_ttft_ms']:>6.3f} "
+              f"{r['ours_cpu_ms_per_token']:>16.3f} {r['vllm_cpu_ms_per_token']:>7.3f} "
+              f"{r['ours_cpu_ms_per_token'] / r['vllm_cpu_ms_per_token']:>6.2f}")
+    print("goals: throughput ratio within 0.97-1.03, TTFT ratio within 0.90-1.10, CPU ratio <= 1.00")
+    print(f"saved: {run_dir / 'bench_vs_vllm.json'}")
+
+
+if __name__ == "__main__":
+    main()
