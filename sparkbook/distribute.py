@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .params import Node, Params
 from .parsers import parse_sections
-from .preflight import diff_manifests, manifest_script, parse_manifest
+from .preflight import describe_differences, manifest_differences, manifest_script, parse_manifest
 from .remote import REMOTE_DIR, Cluster, command_line, peer_ssh, sh
 from .scripts.imagestream import chain_ids
 from .progress import Progress, bar
@@ -346,9 +346,10 @@ def image_table(out: ImageOutcome) -> Table:
 class ModelOutcome:
     path: str
     enabled: bool
-    before: dict[str, list[str]] = field(default_factory=dict)   # node -> differences from the head
-    after: dict[str, list[str]] = field(default_factory=dict)
-    synced: dict[str, dict] = field(default_factory=dict)       # node -> {files, bytes, seconds, error}
+    before: dict[str, dict[str, str]] = field(default_factory=dict)  # worker -> {file: what differs}
+    after: dict[str, dict[str, str]] = field(default_factory=dict)
+    synced: dict[str, dict] = field(default_factory=dict)       # worker -> {files, seconds, error, command}
+    unreadable: dict[str, str] = field(default_factory=dict)    # worker -> why its manifest is missing
     head_error: str | None = None
 
     def to_json(self) -> dict:
@@ -362,16 +363,21 @@ def manifests(params: Params, cluster: Cluster) -> dict[str, dict | None | str]:
     return {n: parse_manifest(r.stdout) if r.ok else r.summary() for n, r in res.items()}
 
 
-def differences(params: Params, found: dict) -> tuple[str | None, dict[str, list[str]]]:
+def differences(params: Params, found: dict, out: ModelOutcome) -> dict[str, dict[str, str]]:
+    """Each readable worker's differences from the head (a worker without the folder misses every
+    file); unreadable workers and a head without the model are recorded in ``out``."""
     head = found.get(params.head.name)
     if not isinstance(head, dict):
-        return (f"no model at {params.model.path} on the head" if head is None else head), {}
+        out.head_error = f"no model at {params.model.path} on the head" if head is None else head
+        return {}
     diffs = {}
     for w in params.workers:
         m = found.get(w.name)
-        diffs[w.name] = ([f"cannot read: {m}"] if isinstance(m, str) else
-                         ["folder absent"] if m is None else diff_manifests(head, m))
-    return None, diffs
+        if isinstance(m, str):
+            out.unreadable[w.name] = m
+        else:
+            diffs[w.name] = manifest_differences(head, m)
+    return diffs
 
 
 def rsync_command(params: Params, worker: Node, files: list[str]) -> str:
@@ -387,27 +393,15 @@ def rsync_command(params: Params, worker: Node, files: list[str]) -> str:
                  ssh=command_line(ssh[:-1]), src=src, dst=f"{ssh[-1]}:{src}"))
 
 
-def _names(diffs: list[str]) -> list[str]:
-    """The file names in :func:`preflight.diff_manifests`' lines."""
-    out = []
-    for d in diffs:
-        if d.startswith(("missing ", "extra ")):
-            out.append(d.split(" ", 1)[1])
-        elif d.endswith(")") and " (" in d:
-            out.append(d.rsplit(" (", 1)[0])
-    return out
-
-
 def sync_model(params: Params, cluster: Cluster, say=print, show: bool = True) -> ModelOutcome:
     """Copy the differing model files from the head to each worker that differs, then compare the
     manifests again."""
     out = ModelOutcome(params.model.path, params.distribution.model_sync)
-    found = manifests(params, cluster)
-    out.head_error, out.before = differences(params, found)
+    out.before = differences(params, manifests(params, cluster), out)
     if out.head_error or not out.enabled:
         out.after = out.before
         return out
-    todo = {w: _names(d) for w, d in out.before.items() if d}
+    todo = {w: list(d) for w, d in out.before.items() if d}
     if not todo:
         say(f"the model at {params.model.path} is identical on every node: nothing to copy")
         out.after = out.before
@@ -440,7 +434,8 @@ def sync_model(params: Params, cluster: Cluster, say=print, show: bool = True) -
                               "error": None if code == 0 else f"rsync exited {code}: {seen}",
                               "command": rsync_command(params, w, todo[w.name][:3])
                               + (f"  # and {len(todo[w.name]) - 3} more files" if len(todo[w.name]) > 3 else "")}
-    out.after = differences(params, manifests(params, cluster))[1]
+    out.unreadable = {}
+    out.after = differences(params, manifests(params, cluster), out)
     return out
 
 
@@ -452,8 +447,12 @@ def model_verdict(params: Params, out: ModelOutcome) -> Verdict:
                            "download the model on the head (huggingface-cli download ... --local-dir "
                            f"{params.model.path}); 03 copies it to the workers"))
     v.add(Check("model on the head", params.head.name, PASS, params.model.path))
-    for w, diffs in out.after.items():
+    for w, why in out.unreadable.items():
+        v.add(Check("model files", w, FAIL, f"cannot read the model folder: {why}", "the head's manifest",
+                    "check the node (01_preflight)"))
+    for w, found in out.after.items():
         synced = out.synced.get(w)
+        diffs = describe_differences(found)
         if not diffs:
             how = (f"copied {synced['files']} differing file(s)" if synced else
                    "identical to the head's")
@@ -472,8 +471,11 @@ def model_verdict(params: Params, out: ModelOutcome) -> Verdict:
 
 
 def model_table(out: ModelOutcome) -> Table:
-    rows = [[w, "; ".join(d[:3]) + (f" (+{len(d) - 3})" if len(d) > 3 else "") or "identical",
-             (out.synced.get(w) or {}).get("files", 0), "; ".join(out.after.get(w, [])[:3]) or "identical"]
+    def shown(diffs: dict[str, str]) -> str:
+        lines = describe_differences(diffs)
+        return "; ".join(lines[:3]) + (f" (+{len(lines) - 3})" if len(lines) > 3 else "") or "identical"
+
+    rows = [[w, shown(d), (out.synced.get(w) or {}).get("files", 0), shown(out.after.get(w, {}))]
             for w, d in out.before.items()]
     return Table(["worker", "before: differences from the head", "files copied", "after"], rows,
                  title=f"model {out.path}" + ("" if out.enabled else " (sync off)"))
@@ -494,7 +496,7 @@ def save(run_dir: Path, image: ImageOutcome | None = None, model: ModelOutcome |
     if model:
         data["model"] = model.to_json()
     run_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, default=sorted) + "\n")
+    path.write_text(json.dumps(data, indent=2) + "\n")
     return path
 
 

@@ -148,14 +148,10 @@ def commands_table(params: Params, ray_only: bool = False) -> Table:
         if not ray_only:
             rows.append([params.head.name, "vllm serve", shown(ray_serve_command(params))])
     else:
-        for n in _start_order(params):
-            rows.append([n.name, "vllm serve container", shown(container_command(params, n, ray=False))])
+        for group in _groups(params, params.nodes, ray=False):
+            rows += [[n.name, "vllm serve container", shown(container_command(params, n, ray=False))]
+                     for n in group]
     return Table(["node", "what", "command"], rows, title="commands", max_width=4000)
-
-
-def _start_order(params: Params) -> list[Node]:
-    """Workers first (headless, they wait for the head), the head last."""
-    return params.workers + [params.head]
 
 
 # ------------------------------------------------------------------------------------ inspection
@@ -313,8 +309,7 @@ def state(params: Params, cluster: Cluster) -> dict[str, NodeState]:
     return out
 
 
-def start(params: Params, cluster: Cluster, nodes: list[Node], ray: bool, run_dir: Path | None,
-          say=print) -> None:
+def start(params: Params, cluster: Cluster, nodes: list[Node], ray: bool, say=print) -> None:
     """Start the containers on ``nodes`` in that order (each one on all of its nodes at once when
     they may start together), passing the token through a mode-600 file removed right after."""
     secret = token(params)
@@ -324,7 +319,7 @@ def start(params: Params, cluster: Cluster, nodes: list[Node], ray: bool, run_di
                           nodes, mode=0o600).check("write the token file on the nodes")
     name = RAY_CONTAINER if ray else params.runtime.container_name
     try:
-        for group in ([nodes] if ray is None else _groups(params, nodes, ray)):
+        for group in _groups(params, nodes, ray):
             say(f"starting {name} on {', '.join(n.name for n in group)}")
             cluster.run(lambda n: sh("docker rm -f {c} >/dev/null 2>&1; ", c=name)
                         + command_line(container_command(params, n, ray)), group, timeout=120).check(
@@ -380,32 +375,33 @@ def ray_nodes(params: Params, cluster: Cluster) -> RayCluster:
 def form_ray_cluster(params: Params, cluster: Cluster, run_dir: Path | None = None,
                      timeout: float = 180, say=print) -> RayCluster:
     """Ray head on the head node, workers joining on its fabric address; waits until every node is
-    in the cluster with its GPUs (CPUs in the lab). Idempotent: a matching cluster is kept."""
+    in the cluster with its GPUs (CPUs in the lab). Idempotent: a matching cluster is kept. With
+    the mp executor nothing uses the cluster: it is stopped once checked."""
     start_t = time.monotonic()
     current = state(params, cluster)
     fp = {n.name: fingerprint(params, n, True) for n in params.nodes}
     running = all(current[n.name].containers.get(RAY_CONTAINER) == ("running", fp[n.name])
                   for n in params.nodes)
-    if running:
-        rc = ray_nodes(params, cluster)
-        if not rc.missing:
-            say("the Ray cluster is already up with every node and matches the parameters: kept")
-            rc.seconds = time.monotonic() - start_t
-            return rc
-    start(params, cluster, params.nodes, True, None, say=say)
-    deadline = time.monotonic() + timeout
-    rc = RayCluster()
-    with Progress("Ray cluster") as progress:
-        while time.monotonic() < deadline:
-            rc = ray_nodes(params, cluster)
-            progress.update("nodes", f"{len(rc.nodes)} of {len(params.nodes)} joined"
-                            + (f"; waiting for {', '.join(rc.missing)}" if rc.missing else ""))
-            if not rc.missing:
-                break
-            time.sleep(3)
+    rc = ray_nodes(params, cluster) if running else RayCluster(missing=[n.name for n in params.nodes])
+    if not rc.missing:
+        say("the Ray cluster is already up with every node and matches the parameters: kept")
+    else:
+        start(params, cluster, params.nodes, True, say=say)
+        deadline = time.monotonic() + timeout
+        with Progress("Ray cluster") as progress:
+            while time.monotonic() < deadline:
+                rc = ray_nodes(params, cluster)
+                progress.update("nodes", f"{len(rc.nodes)} of {len(params.nodes)} joined"
+                                + (f"; waiting for {', '.join(rc.missing)}" if rc.missing else ""))
+                if not rc.missing:
+                    break
+                time.sleep(3)
     rc.seconds = time.monotonic() - start_t
     if rc.missing and run_dir:  # nothing half-formed stays up: logs first, then the containers
         stop_ray(params, cluster, run_dir)
+    elif not rc.missing and params.serving.executor != "ray":
+        stop_ray(params, cluster, run_dir)
+        say("serving.executor is mp: the Ray cluster was formed and checked, and is now stopped")
     return rc
 
 
@@ -456,30 +452,21 @@ def serving_nodes(params: Params) -> list[Node]:
 
 
 def port_conflicts(params: Params, states: dict[str, NodeState]) -> list[Check]:
-    """Ports 05 needs that something else holds (a sparkbook container being replaced is fine)."""
-    needs = {params.head.name: [("api", params.ports.api)]}
+    """Ports 05 needs that something holds (checked once sparkbook's own serving is stopped)."""
+    needs = [("api", params.ports.api)]
     if params.serving.executor == "mp" and len(params.nodes) > 1:
-        needs[params.head.name].append(("master", params.ports.master))
+        needs.append(("master", params.ports.master))
+    st = states.get(params.head.name)
     out = []
-    for node, ports in needs.items():
-        st = states.get(node)
-        if st is None or st.error:
-            continue
-        ours = any(s == "running" for s, _ in st.containers.values())
-        for what, port in ports:
-            seen = listener(st.listeners, port)
-            if seen and not (ours and "docker-proxy" not in seen and _is_ours(seen)):
-                out.append(Check("port free", node, FAIL, f"{what} port {port} held: {seen}",
-                                 f"{what} port {port} free",
-                                 "stop what listens there (08_teardown removes sparkbook's own; "
-                                 "`ss -ltnp` names the process), or change `ports` in the parameters",
-                                 "ss -ltnp"))
+    for what, port in needs if st and not st.error else []:
+        seen = listener(st.listeners, port)
+        if seen:
+            out.append(Check("port free", params.head.name, FAIL, f"{what} port {port} held: {seen}",
+                             f"{what} port {port} free",
+                             "stop what listens there (08_teardown removes sparkbook's own; "
+                             "`ss -ltnp` names the process), or change `ports` in the parameters",
+                             "ss -ltnp"))
     return out
-
-
-def _is_ours(seen: str) -> bool:
-    """A listener started by a serving process of ours (vLLM, Ray, python in our container)."""
-    return bool(re.search(r'"(vllm|python3?|ray|raylet|gcs_server|VLLM[^"]*|uvicorn)"', seen))
 
 
 @dataclass
@@ -529,23 +516,21 @@ def serve(params: Params, cluster: Cluster, run_dir: Path, say=print) -> Deploym
     if bad:
         raise CheckFailed("cannot read the nodes' containers: " + "; ".join(bad))
     same = all(states[n].containers.get(name) == ("running", fp) for n, fp in dep.fingerprints.items())
-    if same and (not ray or _serve_running(params, cluster)):
+    # what is serving now: vllm serve in the head's Ray container, or the mp containers
+    running = _serve_running(params, cluster) if ray else any(name in s.containers for s in states.values())
+    if same and running:
         ok, models, _ = healthy(params)
         if ok:
             dep.action, dep.ready, dep.models, dep.seen = "kept", True, models, "healthy, unchanged"
             dep.seconds = time.monotonic() - t0
             say(f"vLLM is already serving {', '.join(models)} and matches the parameters: nothing changed")
             return dep
-    existing = {n for n, s in states.items() if name in s.containers}
-    dep.action = "restarted" if existing else "started"
-    if existing:
-        say(f"replacing the running deployment on {', '.join(sorted(existing))} (parameters changed or "
-            "it is not healthy); its logs go to the run folder first")
+    dep.action = "restarted" if running else "started"
+    if running:
+        say("replacing the running deployment (parameters changed or it is not healthy); its logs go "
+            "to the run folder first")
         collect_logs(params, cluster, run_dir, [name], tag="previous")
-        if ray:
-            cluster.run(["docker", "exec", RAY_CONTAINER, "pkill", "-f", "vllm serve"], [params.head])
-        else:
-            cluster.run(["docker", "rm", "-f", name], [params.node(n) for n in existing])
+        _remove_serving(params, cluster)
         states = state(params, cluster)
     dep.conflicts = port_conflicts(params, states)
     if dep.conflicts:
@@ -554,10 +539,9 @@ def serve(params: Params, cluster: Cluster, run_dir: Path, say=print) -> Deploym
         if ray:
             if not all(states[n.name].containers.get(RAY_CONTAINER, ("",))[0] == "running" for n in params.nodes):
                 raise CheckFailed("the Ray cluster is not running on every node: run 04_ray_cluster first")
-            cluster.run(["mkdir", "-p", LOG_DIR], [params.head])
             cluster.run_on(params.head, ray_serve_command(params), timeout=60)
         else:
-            start(params, cluster, params.nodes, False, run_dir, say=say)
+            start(params, cluster, params.nodes, False, say=say)
         dep.ready, dep.models, dep.seen, dep.stopped = wait_ready(params, cluster,
                                                                   params.serving.startup_timeout)
     finally:
@@ -576,8 +560,12 @@ def _serve_running(params: Params, cluster: Cluster) -> bool:
 
 
 def _remove_serving(params: Params, cluster: Cluster) -> None:
+    """Stop vLLM: its containers (mp), or vllm serve in the head's Ray container, waited for so
+    that its port is free when this returns."""
     if params.serving.executor == "ray":
-        cluster.run(["docker", "exec", RAY_CONTAINER, "pkill", "-f", "vllm serve"], [params.head])
+        cluster.run(["docker", "exec", RAY_CONTAINER, "bash", "-c",
+                     "pkill -f 'vllm serve'; for i in $(seq 60); do pgrep -f 'vllm serve' >/dev/null "
+                     "|| exit 0; sleep 1; done; pkill -9 -f 'vllm serve'"], [params.head], timeout=90)
     else:
         cluster.run(["docker", "rm", "-f", params.runtime.container_name])
 
@@ -697,7 +685,8 @@ def collect_logs(params: Params, cluster: Cluster, run_dir: Path, containers: li
         folder.mkdir(parents=True, exist_ok=True)
         sections = parse_sections(r.stdout) if r.ok else {"error": r.summary()}
         for key, text in sections.items():
-            if not text.strip() or "No such container" in text[:200]:
+            # a container's log is kept even when empty (it said nothing); absent ones are skipped
+            if "No such container" in text[:200] or not (text.strip() or key.startswith("docker logs")):
                 continue
             fname = (f"{tag}-" if tag else "") + re.sub(r"[^A-Za-z0-9_.-]+", "_", key.replace("docker logs ", "")) + ".log"
             (folder / fname).write_text(text)

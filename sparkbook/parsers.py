@@ -275,28 +275,3 @@ def listener(ss_lines: list[str], port: int) -> str | None:
             return f"{cols[3]} {proc}".strip()
     return None
 
-
-def parse_ray_status(text: str) -> dict:
-    """``ray status``: the active and pending node IDs and the resource totals
-    (``{"CPU": (used, total), "GPU": ..., "memory": ("0B", "218.83GiB"), ...}``)."""
-    out: dict = {"active": [], "pending": [], "resources": {}}
-    section = None
-    for line in text.splitlines():
-        s = line.strip()
-        if s in ("Active:", "Pending:", "Recent failures:", "Total Usage:", "Usage:"):
-            section = s[:-1].lower()
-            continue
-        if not s or s.startswith(("---", "===", "(no ")) or s.endswith(":"):
-            if s.endswith(":") and not s.startswith("("):
-                section = None
-            continue
-        if section in ("active", "pending"):
-            m = re.search(r"(node_[0-9a-f]+|\d+\.\d+\.\d+\.\d+)", s)
-            if m:
-                out[section].append(m.group(1))
-        elif section in ("total usage", "usage"):
-            m = re.match(r"([\d.]+[A-Za-z]*)/([\d.]+[A-Za-z]*) (\S+)", s)
-            if m:
-                used, total, name = m.groups()
-                out["resources"][name] = (used, total)
-    return out

@@ -59,17 +59,28 @@ def parse_manifest(text: str) -> dict[str, dict] | None:
     return files
 
 
-def diff_manifests(reference: dict[str, dict], other: dict[str, dict]) -> list[str]:
-    """What differs in ``other``: missing, extra, and changed files (by size or hash)."""
-    out = [f"missing {n}" for n in sorted(set(reference) - set(other))]
-    out += [f"extra {n}" for n in sorted(set(other) - set(reference))]
+def manifest_differences(reference: dict[str, dict], other: dict[str, dict] | None) -> dict[str, str]:
+    """``{relative path: what differs}`` of ``other`` against ``reference``: ``missing``, ``extra``,
+    ``size N instead of M`` or ``content differs``. ``other`` None (no folder): every file missing."""
+    other = other or {}
+    out = {n: "missing" for n in sorted(set(reference) - set(other))}
+    out.update({n: "extra" for n in sorted(set(other) - set(reference))})
     for n in sorted(set(reference) & set(other)):
         a, b = reference[n], other[n]
         if a["size"] != b["size"]:
-            out.append(f"{n} (size {b['size']} instead of {a['size']})")
+            out[n] = f"size {b['size']} instead of {a['size']}"
         elif a["sha256"] and b["sha256"] and a["sha256"] != b["sha256"]:
-            out.append(f"{n} (content differs)")
+            out[n] = "content differs"
     return out
+
+
+def describe_differences(diffs: dict[str, str]) -> list[str]:
+    """:func:`manifest_differences` as lines: ``missing a``, ``extra b``, ``c (content differs)``."""
+    return [f"{what} {n}" if what in ("missing", "extra") else f"{n} ({what})" for n, what in diffs.items()]
+
+
+def diff_manifests(reference: dict[str, dict], other: dict[str, dict] | None) -> list[str]:
+    return describe_differences(manifest_differences(reference, other))
 
 
 def script(params: Params, node: Node) -> str:

@@ -88,6 +88,7 @@ def test_manifest_lists_sizes_and_hashes_configs(tmp_path):
     other = {**m, "config.json": {**m["config.json"], "sha256": "0" * 64}}
     del other["sub/tokenizer.json"]
     assert preflight.diff_manifests(m, other) == ["missing sub/tokenizer.json", "config.json (content differs)"]
+    assert preflight.manifest_differences(m, None) == {n: "missing" for n in sorted(m)}
     absent = subprocess.run(["bash", "-c", preflight.manifest_script(str(tmp_path / "none"), False)],
                             capture_output=True, text=True).stdout
     assert preflight.parse_manifest(absent) is None
