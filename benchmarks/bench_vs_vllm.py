@@ -11,8 +11,9 @@ imports and local tokenization left out), against the CPU of sparkbook's client 
 level (its prompt sizing left out the same way), each divided by the output tokens. Both clients
 run on the head node and reach vLLM over its loopback: vllm bench serve in the lab image
 (`--network host`), sparkbook in the head's network namespace. On this machine
-the clients share two cores with the server, so each level runs three times, the two clients
-alternating, and the medians are compared.
+the clients share two cores with the server, whose speed drifts between runs: each level runs as
+several pairs, the two clients back to back in alternating order, and the median of the pairs'
+ratios is compared with the goals.
 
 Needs root and `sparkbook lab up`; brings vLLM up with 05's launch (kept if already serving).
 
@@ -43,7 +44,7 @@ from sparkbook.notebook import default_run_dir
 from sparkbook.remote import REMOTE_DIR, Cluster, command_line
 
 LEVELS = ((1, 16), (8, 64), (32, 128))  # (max concurrency, requests)
-REPEAT = 3
+RATIOS = ("output_tok_s", "mean_ttft_ms", "cpu_ms_per_token")
 # Runs vllm bench serve and prints the CPU seconds of its main run (utime + stime from /proc).
 CPU = """
 import os, subprocess, sys
@@ -116,6 +117,7 @@ def main() -> None:
     ap.add_argument("--python", default=sys.executable,
                     help="interpreter for sparkbook's client (a Debian /usr/bin/python3 venv matches "
                          "the lab image's, which vllm bench serve runs on)")
+    ap.add_argument("--repeat", type=int, default=5, help="back-to-back pairs per level (default: 5)")
     ap.add_argument("--client", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.client:
@@ -131,33 +133,43 @@ def main() -> None:
     rows = []
     for concurrency, n in LEVELS:
         runs = []
-        for _ in range(REPEAT):
-            lv = ours(lab, params, concurrency, n, args.input_len, args.output_len, args.python)
+        for i in range(args.repeat):
+            # a pair, back to back, in alternating order: slow drift of the server cancels out
+            if i % 2 == 0:
+                lv = ours(lab, params, concurrency, n, args.input_len, args.output_len, args.python)
             ref, ref_cpu = vllm_bench(params, cluster, concurrency, n, args.input_len, args.output_len)
-            runs.append({"ours_output_tok_s": lv["output_tok_s"], "vllm_output_tok_s": ref["output_throughput"],
-                         "ours_mean_ttft_ms": lv["ttft_ms"]["mean"], "vllm_mean_ttft_ms": ref["mean_ttft_ms"],
-                         "ours_cpu_ms_per_token": lv["client_cpu_s"] * 1e3
-                         / max((lv["output_tokens_mean"] or 0) * lv["completed"], 1),
-                         "vllm_cpu_ms_per_token": ref_cpu * 1e3 / max(ref.get("total_output_tokens")
-                                                                  or ref["output_throughput"] * ref["duration"], 1),
-                         "ours_failures": lv["failures"], "ours_errors": lv["errors"],
-                         "vllm_failed": ref.get("failed", 0)})
-            print(json.dumps(runs[-1]), flush=True)
+            if i % 2 == 1:
+                lv = ours(lab, params, concurrency, n, args.input_len, args.output_len, args.python)
+            pair = {"ours_output_tok_s": lv["output_tok_s"], "vllm_output_tok_s": ref["output_throughput"],
+                    "ours_mean_ttft_ms": lv["ttft_ms"]["mean"], "vllm_mean_ttft_ms": ref["mean_ttft_ms"],
+                    "ours_cpu_ms_per_token": lv["client_cpu_s"] * 1e3
+                    / max((lv["output_tokens_mean"] or 0) * lv["completed"], 1),
+                    "vllm_cpu_ms_per_token": ref_cpu * 1e3 / max(ref.get("total_output_tokens")
+                                                             or ref["output_throughput"] * ref["duration"], 1),
+                    "ours_failures": lv["failures"], "ours_errors": lv["errors"],
+                    "vllm_failed": ref.get("failed", 0)}
+            for k in RATIOS:
+                pair[f"{k}_ratio"] = pair[f"ours_{k}"] / pair[f"vllm_{k}"]
+            runs.append(pair)
+            print(json.dumps(pair), flush=True)
         row = {"concurrency": concurrency, "requests": n, "runs": runs}
         for k in runs[0]:
-            if k.endswith(("tok_s", "ttft_ms", "per_token")):
+            if k.endswith(("tok_s", "ttft_ms", "per_token", "_ratio")):
                 row[k] = statistics.median(r[k] for r in runs)
         rows.append(row)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "bench_vs_vllm.json").write_text(json.dumps(rows, indent=2) + "\n")
-    print(f"\n{'c':>3} {'tok/s ours':>11} {'vllm':>8} {'ratio':>6} {'TTFT ours':>10} {'vllm':>8} {'ratio':>6}"
-          f" {'CPU ms/tok ours':>16} {'vllm':>7} {'ratio':>6}")
+    print(f"\nmedians of {args.repeat} back-to-back pairs; ratio = sparkbook / vllm bench serve, "
+          "median of the pairs' ratios [lowest-highest]")
+    print(f"{'c':>3}  {'tok/s ours':>10} {'vllm':>7} {'ratio':>18}  {'TTFT ms ours':>12} {'vllm':>7} {'ratio':>18}"
+          f"  {'CPU ms/tok ours':>15} {'vllm':>6} {'ratio':>18}")
     for r in rows:
-        print(f"{r['concurrency']:>3} {r['ours_output_tok_s']:>11.1f} {r['vllm_output_tok_s']:>8.1f} "
-              f"{r['ours_output_tok_s'] / r['vllm_output_tok_s']:>6.3f} {r['ours_mean_ttft_ms']:>10.1f} "
-              f"{r['vllm_mean_ttft_ms']:>8.1f} {r['ours_mean_ttft_ms'] / r['vllm_mean_ttft_ms']:>6.3f} "
-              f"{r['ours_cpu_ms_per_token']:>16.3f} {r['vllm_cpu_ms_per_token']:>7.3f} "
-              f"{r['ours_cpu_ms_per_token'] / r['vllm_cpu_ms_per_token']:>6.2f}")
+        line = f"{r['concurrency']:>3}"
+        for k, width, fmt in zip(RATIOS, (10, 12, 15), (".1f", ".1f", ".3f")):
+            ratios = [p[f"{k}_ratio"] for p in r["runs"]]
+            line += (f"  {r[f'ours_{k}']:>{width}{fmt}} {r[f'vllm_{k}']:>{6 if width == 15 else 7}{fmt}}"
+                     f" {r[f'{k}_ratio']:>6.3f} [{min(ratios):.2f}-{max(ratios):.2f}]")
+        print(line)
     print("goals: throughput ratio within 0.97-1.03, TTFT ratio within 0.90-1.10, CPU ratio <= 1.00")
     print(f"saved: {run_dir / 'bench_vs_vllm.json'}")
 

@@ -76,6 +76,7 @@ import numpy as np
 from .errors import SparkbookError
 from .params import Benchmark, Reference
 from .progress import Progress, bar
+from . import smoke
 from .smoke import urls
 from .tables import Table
 from .verdict import FAIL, PASS, SKIP, WARN, Check, Verdict
@@ -414,7 +415,7 @@ class _Session:
         self.client = aiohttp.ClientSession(
             base_url=root, headers={"Authorization": f"Bearer {api_key}"}, trust_env=False,
             timeout=aiohttp.ClientTimeout(total=timeout, connect=10.0),
-            connector=aiohttp.TCPConnector(limit=connections + 4))
+            connector=aiohttp.TCPConnector(limit=connections + 4, keepalive_timeout=smoke.KEEPALIVE_S))
         self.prompts = _Prompts(self.client, model, endpoint)
 
     async def __aenter__(self) -> "_Session":

@@ -24,7 +24,8 @@ def _params(args: argparse.Namespace) -> Path:
 def cmd_run(args: argparse.Namespace) -> int:
     from .runner import run
     summary = run(_params(args), steps=args.steps, out=args.out, cell_timeout=args.cell_timeout,
-                  kernel_name=args.kernel, notebooks_dir=args.notebooks)
+                  kernel_name=args.kernel, notebooks_dir=args.notebooks,
+                  keep_on_failure=args.keep_on_failure)
     width = max(len(s["name"]) for s in summary["steps"])
     print(f"\nrun folder: {summary['run_dir']}")
     for s in summary["steps"]:
@@ -96,7 +97,8 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run the numbered notebooks into a run folder",
                        description="Execute the numbered notebooks in order with papermill into a "
-                       "run folder; stop at the first failing step; write summary.json and "
+                       "run folder; skip the steps after the first failing one, except teardown, which "
+                       "still runs (see --keep-on-failure); write summary.json and "
                        "report.html. Exit code 0 only when every step passed.")
     _params_arg(p)
     p.add_argument("--steps", help="comma-separated steps, by number or name (default: all)")
@@ -106,6 +108,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kernel", default=None, help="Jupyter kernel name (default: the notebooks')")
     p.add_argument("--notebooks", default=None, metavar="DIR",
                    help="folder of numbered notebooks (default: the project's notebooks/)")
+    p.add_argument("--keep-on-failure", action="store_true",
+                   help="after a failed step, skip teardown too: leave the deployment running to "
+                   "look at it (08_teardown removes it later)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("report", help="rebuild report.html of a run folder",

@@ -20,6 +20,8 @@ from .params import load, project_root
 from .redact import mask
 
 STEP_RE = re.compile(r"^(\d\d)_[A-Za-z0-9_]+\.ipynb$")
+# steps that run even after an earlier step failed: what a failed run started must not stay running
+CLEANUP_STEPS = ("teardown",)
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -87,10 +89,11 @@ def _logging() -> None:
 
 def run(params_file: str | Path, steps: str | None = None, out: str | Path | None = None,
         notebooks_dir: str | Path | None = None, cell_timeout: float = 3600,
-        kernel_name: str | None = None, report: bool = True) -> dict:
-    """Run the selected notebooks into a run folder; stop at the first failure. Returns the
-    summary (also written to ``summary.json``); its ``status`` is ``passed`` only when every step
-    passed."""
+        kernel_name: str | None = None, report: bool = True, keep_on_failure: bool = False) -> dict:
+    """Run the selected notebooks into a run folder; after the first failure the remaining steps
+    are skipped, except a selected teardown step, which still runs (unless ``keep_on_failure``:
+    leave the deployment up to look at it). Returns the summary (also written to
+    ``summary.json``); its ``status`` is ``passed`` only when every step passed."""
     params_path = Path(params_file).expanduser().resolve()
     params = load(params_path)  # nothing runs before the parameters validate
     nb_dir = Path(notebooks_dir).resolve() if notebooks_dir else project_root() / "notebooks"
@@ -108,9 +111,9 @@ def run(params_file: str | Path, steps: str | None = None, out: str | Path | Non
                "run_dir": str(run_dir), "steps": [asdict(r) for r in records]}
     failed = False
     for nb, rec in zip(chosen, records):
-        if failed:
+        if failed and (keep_on_failure or rec.name[3:] not in CLEANUP_STEPS):
             continue
-        print(f"== step {rec.name}: running", file=sys.stderr, flush=True)
+        print(f"== step {rec.name}: running" + (" (after the failure: cleaning up)" if failed else ""), file=sys.stderr, flush=True)
         t0 = time.monotonic()
         try:
             papermill.execute_notebook(
@@ -120,7 +123,8 @@ def run(params_file: str | Path, steps: str | None = None, out: str | Path | Non
                 execution_timeout=cell_timeout, report_mode=False)
             rec.status = "passed"
         except Exception as e:  # the notebook failed: papermill already saved what it ran
-            rec.status, rec.error, failed = "failed", mask(_error_text(e)), True
+            rec.status, rec.error = "failed", mask(_error_text(e))
+        failed = failed or rec.status == "failed"
         executed = run_dir / nb.name
         if executed.exists():  # a secret a cell printed by mistake stops here too
             executed.write_text(mask(executed.read_text()))

@@ -14,9 +14,17 @@ import json
 import time
 from typing import Any, Callable
 
+import httpx
 import openai
 
 from .verdict import FAIL, PASS, SKIP, WARN, Check, Verdict
+
+# Idle pooled connections are reused for at most this long. vLLM's server (uvicorn) closes a
+# connection idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s by default (vllm/envs.py); a request sent on
+# one just as the server closes it fails with "Server disconnected". aiohttp hands out idle
+# connections oldest first, so a benchmark at concurrency 1 after a
+# wider pool was used meets that moment. Both clients here retire them sooner.
+KEEPALIVE_S = 2.0
 
 PROMPT = "Say hello in one short sentence."
 UNKNOWN_MODEL = "sparkbook-no-such-model"
@@ -76,7 +84,8 @@ class _Smoke:
         # no retries: a retried failure would hide a hang or double the time to see it; straight
         # to the server, never through a proxy from this machine's environment
         self.client = openai.OpenAI(base_url=self.api, api_key=api_key, timeout=timeout, max_retries=0,
-                                    http_client=openai.DefaultHttpxClient(trust_env=False))
+                                    http_client=openai.DefaultHttpxClient(
+                                        trust_env=False, limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S)))
         self.model, self.node, self.timeout = model, node, timeout
         self.reasoning_parser, self.tool_call_parser = reasoning_parser, tool_call_parser
         self.unreachable = ""

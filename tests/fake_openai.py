@@ -47,11 +47,16 @@ class FakeOpenAI:
         self.hang_unknown_model = 0.0  # seconds to sit on a request for an unknown model
         self.extra_tokens = 0  # generated past every limit
         self.honour_stop = True
+        # a request on a connection idle for longer than this is dropped unanswered: what a client
+        # sees when a server (uvicorn) closes an idle connection just as the client reuses it
+        self.keep_alive: float | None = None
         for k, v in knobs.items():
             if not hasattr(self, k):
                 raise TypeError(f"no knob {k!r}")
             setattr(self, k, v)
         self.requests: list[dict] = []  # generation request bodies, in arrival order
+        self.connections = 0  # accepted
+        self.dropped = 0  # requests dropped by keep_alive
         self._count = itertools.count(1)
         self._lock = threading.Lock()
         self.server = _Server(("127.0.0.1", 0), _handler(self))
@@ -116,6 +121,23 @@ def _handler(fake: FakeOpenAI):
         def setup(self) -> None:
             super().setup()
             self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.idle_since: float | None = None
+            with fake._lock:
+                fake.connections += 1
+
+        def handle_one_request(self) -> None:
+            super().handle_one_request()
+            self.idle_since = time.monotonic()
+
+        def stale(self) -> bool:
+            """Drops the request (closes the connection, answers nothing) per ``keep_alive``."""
+            if (fake.keep_alive is None or self.idle_since is None
+                    or time.monotonic() - self.idle_since <= fake.keep_alive):
+                return False
+            self.close_connection = True
+            with fake._lock:
+                fake.dropped += 1
+            return True
 
         def log_message(self, *args) -> None:
             pass
@@ -137,12 +159,16 @@ def _handler(fake: FakeOpenAI):
             self.wfile.flush()
 
         def do_GET(self) -> None:
+            if self.stale():
+                return
             if self.path != "/v1/models":
                 return self.error(404, "not found")
             self.send_json(200, {"object": "list", "data": [
                 {"id": fake.model, "object": "model", "owned_by": "vllm", "max_model_len": fake.max_model_len}]})
 
         def do_POST(self) -> None:
+            if self.stale():
+                return
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             if self.path == "/tokenize" and fake.tokenize:
                 n = chat_tokens(body["messages"]) if "messages" in body else count_tokens(body["prompt"])

@@ -131,6 +131,29 @@ def test_open_loop_records_lateness_and_flags_a_blocked_client():
     assert all(r.lateness_ms is None for r in closed.requests) and closed.lateness_ms["p50"] is None
 
 
+@pytest.mark.parametrize("client_keepalive", [0.1, 30.0])
+def test_idle_connections_are_not_reused_past_the_keepalive(monkeypatch, client_keepalive):
+    """A server that closes idle connections (vLLM's: after 5 s) races a client reusing one; the
+    client retires idle connections before the server's limit. The control (a client that keeps
+    them 30 s) shows the failure the limit avoids."""
+    monkeypatch.setattr(bench.smoke, "KEEPALIVE_S", client_keepalive)
+
+    async def two_requests(url):
+        async with bench._Session(url, "fake-model", endpoint="chat", connections=1, timeout=10,
+                                  api_key="EMPTY", temperature=0.0, prompt_salt="", **QUIET) as s:
+            first = await s.request("hello there", 4, 0, time.perf_counter())
+            await asyncio.sleep(0.5)  # idle: past the server's keep-alive
+            return first, await s.request("hello again", 4, 1, time.perf_counter())
+
+    with FakeOpenAI(keep_alive=0.25) as fake:
+        first, second = asyncio.run(two_requests(fake.url))
+    assert first.ok
+    if client_keepalive < 0.25:
+        assert second.ok and (fake.connections, fake.dropped) == (2, 0)
+    else:
+        assert not second.ok and "ServerDisconnected" in second.error and fake.dropped == 1
+
+
 def test_progress_shows_a_line_per_level_ending_in_its_summary(capsys):
     with FakeOpenAI() as server:
         bench.run_load(server.url, "fake-model", prompt_tokens=16, output_tokens=4, concurrency=2,

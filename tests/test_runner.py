@@ -82,6 +82,20 @@ def test_failing_step_stops_the_run_and_says_why(books, tmp_path):
     assert main(["report", str(out)]) == 0 and (out / "report.html").exists()
 
 
+@pytest.mark.parametrize("keep", [False, True])
+def test_teardown_still_runs_after_a_failure_unless_kept(books, tmp_path, keep):
+    notebook(books / "03_teardown.ipynb", START, "open('teardown-ran', 'w').write('yes')")
+    out = tmp_path / "run"
+    code = main(["run", "-p", str(LOCALHOST), "--notebooks", str(books), "--out", str(out)]
+                + (["--keep-on-failure"] if keep else []))
+    summary = json.loads((out / "summary.json").read_text())
+    assert code == 1 and summary["status"] == "failed"
+    assert [(s["name"], s["status"]) for s in summary["steps"]] == [
+        ("00_first", "passed"), ("01_second", "failed"), ("02_third", "skipped"),
+        ("03_teardown", "skipped" if keep else "passed")]
+    assert (books / "teardown-ran").exists() is not keep and not (books / "third-ran").exists()
+
+
 def test_bad_parameters_run_nothing(books, tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text(LOCALHOST.read_text().replace("tensor_parallel_size: 1", "tensor_parallel_size: 0"))
