@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .containers import LABEL, docker_run, fabric_env
+from .distribute import image_ids
 from .errors import CheckFailed
 from .params import Node, Params
 from .parsers import listener, parse_sections
@@ -330,6 +331,26 @@ def start(params: Params, cluster: Cluster, nodes: list[Node], ray: bool, say=pr
             cluster.run(["rm", "-f", ENV_FILE], nodes)
 
 
+def check_image(params: Params, cluster: Cluster) -> None:
+    """Every node holds the head's image, the same ID, before anything starts: otherwise Docker
+    would try a registry (on a private cluster: a long wait, then an unrelated-looking error), or
+    nodes would run different vLLM builds."""
+    ids = image_ids(params, cluster)
+    head = ids.get(params.head.name)
+    bad = []
+    for node, image_id in ids.items():
+        if image_id is None:
+            bad.append(f"- {node}: the image is not there")
+        elif head and image_id != head:
+            bad.append(f"- {node}: holds {image_id[:19]} under the tag, the head {head[:19]}")
+    if bad:
+        raise CheckFailed(f"image {params.runtime.image} on every node: {len(bad)} of {len(ids)} node(s) "
+                          "differ\n" + "\n".join(bad) + "\n  command: "
+                          + command_line(["docker", "image", "inspect", "--format", "{{.Id}}", params.runtime.image])
+                          + "\nremedy: run 03_distribute_image: it copies the head's image to every node"
+                          + ("" if head else " (after pulling or building it on the head)"))
+
+
 def _groups(params: Params, nodes: list[Node], ray: bool) -> list[list[Node]]:
     """Ray: the head first, then the workers together. mp: the workers together, then the head."""
     head = [n for n in nodes if n.role == "head"]
@@ -386,7 +407,12 @@ def form_ray_cluster(params: Params, cluster: Cluster, run_dir: Path | None = No
     if not rc.missing:
         say("the Ray cluster is already up with every node and matches the parameters: kept")
     else:
-        start(params, cluster, params.nodes, True, say=say)
+        check_image(params, cluster)
+        try:
+            start(params, cluster, params.nodes, True, say=say)
+        except CheckFailed:  # the head may have started before a worker failed
+            stop_ray(params, cluster, run_dir)
+            raise
         deadline = time.monotonic() + timeout
         with Progress("Ray cluster") as progress:
             while time.monotonic() < deadline:
@@ -525,6 +551,7 @@ def serve(params: Params, cluster: Cluster, run_dir: Path, say=print) -> Deploym
             dep.seconds = time.monotonic() - t0
             say(f"vLLM is already serving {', '.join(models)} and matches the parameters: nothing changed")
             return dep
+    check_image(params, cluster)  # before a running deployment is replaced
     dep.action = "restarted" if running else "started"
     if running:
         say("replacing the running deployment (parameters changed or it is not healthy); its logs go "

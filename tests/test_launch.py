@@ -10,6 +10,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 
 from conftest import field_sample
 from sparkbook import launch
@@ -205,3 +207,32 @@ def test_busy_port_fails_before_any_container_starts(lab, params, cluster, tmp_p
     assert [(c.check, c.node) for c in failed] == [("port free", "spark-1")]
     assert f"port {params.ports.api}" in failed[0].observed and failed[0].remedy
     assert all(not c for c in started.values()), started
+
+
+def test_a_worker_without_the_heads_image_fails_before_anything_starts(lab, params, cluster, tmp_path):
+    from sparkbook import distribute
+    from sparkbook.errors import CheckFailed
+    distribute.ensure_image(params, cluster, say=lambda *_: None)
+    launch.teardown(params, cluster, tmp_path)  # nothing serving that would be kept
+    worker, image = lab.nodes()[1], params.runtime.image
+    docker(worker, "tag", image, "sbk-test-keep:latest")  # the layers stay: restored by a tag
+    try:
+        seen = {}
+        docker(worker, "rmi", image)  # the tag only
+        with pytest.raises(CheckFailed) as absent:
+            launch.serve(params, cluster, tmp_path, say=lambda *_: None)
+        seen["absent"] = {n: s.containers for n, s in launch.state(params, cluster).items()}
+        # another image under the tag: the same layers, another ID
+        docker(worker, "build", "-q", "-t", image, "-", input="FROM sbk-test-keep:latest\nLABEL x=1\n")
+        with pytest.raises(CheckFailed) as other:
+            launch.form_ray_cluster(params, cluster, tmp_path, say=lambda *_: None)
+        seen["other"] = {n: s.containers for n, s in launch.state(params, cluster).items()}
+    finally:
+        docker(worker, "tag", "sbk-test-keep:latest", image)
+        docker(worker, "rmi", "sbk-test-keep:latest", check=False)
+        docker(worker, "image", "prune", "-f", check=False)
+    assert "- spark-2: the image is not there" in str(absent.value)
+    assert "- spark-2: holds sha256:" in str(other.value)
+    for e in (absent, other):
+        assert "spark-1" not in str(e.value) and "remedy: run 03_distribute_image" in str(e.value)
+    assert all(not c for s in seen.values() for c in s.values()), seen
