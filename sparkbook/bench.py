@@ -85,6 +85,7 @@ FOLDER = "benchmark"
 PERCENTILES = (50, 90, 99)
 CLIENT_CPU_LIMIT = 0.8  # of one core: the client is one event-loop thread
 LATE_LIMIT_MS = 50.0  # p99 of scheduling lateness or event-loop lag
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}  # by endpoint
 LAG_INTERVAL_S = 0.5  # the loop-lag probe: often enough to see a stall, rare enough to cost nothing
 WARMUP_TOKENS = 32
 # Common words: about one token each in real tokenizers, so a prompt reads like text.
@@ -208,7 +209,7 @@ class LevelResult:
 
     def describe(self) -> str:
         """The load, as a command line would say it."""
-        path = "/v1/chat/completions" if self.endpoint == "chat" else "/v1/completions"
+        path = PATHS[self.endpoint]
         how = (f"Poisson {self.request_rate:g} req/s" + (f", at most {self.concurrency} at once"
                                                          if self.concurrency else "")
                if self.request_rate else f"concurrency {self.concurrency}")
@@ -402,14 +403,14 @@ class _Session:
     def __init__(self, base_url: str, model: str, *, endpoint: str, connections: int, timeout: float,
                  api_key: str, temperature: float | None, progress: bool, say: Callable[[str], None],
                  prompt_salt: str):
-        if endpoint not in ("chat", "completions"):
+        if endpoint not in PATHS:
             raise ValueError(f"endpoint must be 'chat' or 'completions', not {endpoint!r}")
         self.api, root = urls(base_url)
         self.model, self.endpoint, self.temperature = model, endpoint, temperature
         self.say, self.salt = say, prompt_salt
         # one line per level, live; each ends as the level's summary
         self.live = Progress("benchmark") if progress else None
-        self.path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+        self.path = PATHS[endpoint]
         # aiohttp (C HTTP parser: the client's CPU per token stays below `vllm bench serve`'s, which
         # uses it too); trust_env off: a proxy from the environment would be measured too
         self.client = aiohttp.ClientSession(
@@ -699,9 +700,9 @@ def run(base_url: str, model: str, benchmark: Benchmark, *, endpoint: str = "cha
 
             async def level(kind: str, label: str, tokens: int, **kw) -> LevelResult | None:
                 if limit and tokens + b.output_tokens > limit:
-                    res.skipped.append(f"{label}: {tokens} prompt + {b.output_tokens} output tokens "
-                                       f"exceed max_model_len {limit}")
-                    say(f"{label}: skipped ({res.skipped[-1].split(': ', 1)[1]})")
+                    why = f"{tokens} prompt + {b.output_tokens} output tokens exceed max_model_len {limit}"
+                    res.skipped.append(f"{label}: {why}")
+                    say(f"{label}: skipped ({why})")
                     return None
                 return await s.level(kind, label, prompt_tokens=tokens, output_tokens=b.output_tokens,
                                      seed=b.seed, **kw)
@@ -848,8 +849,8 @@ def plot(results: Results, run_dir: Path | None = None, *, earlier: Sequence[Res
         pts = [(getattr(lv, x), y(lv)) for lv in levels if y(lv) is not None]
         return [p[0] for p in pts], [p[1] for p in pts]
 
-    def lines(ax, group: str, x: str, y: Callable[[LevelResult], float | None], label: str = "") -> None:
-        ax.plot(*xy(getattr(results, group), x, y), marker="o", label=label or "this run")
+    def lines(ax, group: str, x: str, y: Callable[[LevelResult], float | None]) -> None:
+        ax.plot(*xy(getattr(results, group), x, y), marker="o", label="this run")
         for old in earlier:
             xs, ys = xy(getattr(old, group), x, y)
             if xs:
@@ -861,6 +862,10 @@ def plot(results: Results, run_dir: Path | None = None, *, earlier: Sequence[Res
                        label=f"{r.label}: {r.single_user_tok_s:g} tok/s")
 
     def finish(name: str, fig, title: str):
+        for ax in fig.axes:
+            ax.grid(True, alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=8)
         fig.suptitle(f"{title}: {results.model}")
         fig.tight_layout()
         if run_dir is not None:
@@ -886,8 +891,6 @@ def plot(results: Results, run_dir: Path | None = None, *, earlier: Sequence[Res
         for ax, what in ((a, "output tok/s (all users)"), (b, "decode tok/s per user")):
             ax.set_ylabel(what)
             concurrency_axis(ax)
-            ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=8)
         finish("throughput", fig, "throughput")
 
         fig, axes = plt.subplots(2, 2, figsize=(11, 7))
@@ -903,8 +906,6 @@ def plot(results: Results, run_dir: Path | None = None, *, earlier: Sequence[Res
                             label=f"p50 {old.source or old.started}")
             ax.set_ylabel(f"{name} (ms)")
             concurrency_axis(ax)
-            ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=8)
         finish("latency", fig, "latency percentiles")
 
         fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
@@ -916,7 +917,6 @@ def plot(results: Results, run_dir: Path | None = None, *, earlier: Sequence[Res
         b.set(ylabel="ITL (ms), outliers hidden")
         for ax in (a, b):
             ax.set_xticks(range(1, len(labels) + 1), labels)
-            ax.grid(True, alpha=0.3)
         finish("distributions", fig, "TTFT and ITL distributions")
 
     if results.depths:
@@ -926,8 +926,6 @@ def plot(results: Results, run_dir: Path | None = None, *, earlier: Sequence[Res
         ref_lines(b)
         for ax, what in ((a, "prefill tok/s"), (b, "decode tok/s")):
             ax.set(xlabel="context depth (tokens before the prompt)", ylabel=what)
-            ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=8)
         finish("depth", fig, "single user by context depth")
 
     if results.rates:
@@ -938,8 +936,5 @@ def plot(results: Results, run_dir: Path | None = None, *, earlier: Sequence[Res
                    marker="o", label=f"TTFT {p}")
         a.set(xlabel="request rate (req/s)", ylabel="output tok/s")
         b.set(xlabel="request rate (req/s)", ylabel="TTFT (ms)")
-        for ax in (a, b):
-            ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=8)
         finish("rates", fig, "open-loop request rate")
     return figs

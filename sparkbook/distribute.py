@@ -26,7 +26,7 @@ from .preflight import describe_differences, manifest_differences, manifest_scri
 from .remote import REMOTE_DIR, Cluster, command_line, peer_ssh, sh
 from .scripts.imagestream import chain_ids
 from .progress import Progress, bar
-from .tables import Table, human_bytes
+from .tables import Table, human_bytes, short_id
 from .verdict import FAIL, PASS, WARN, Check, Verdict
 
 SCRIPT = Path(__file__).parent / "scripts" / "imagestream.py"
@@ -50,6 +50,10 @@ class NodeImage:
     chains: set[str] = field(default_factory=set)      # every layer chain the node holds
     zstd: bool = False
     error: str | None = None
+
+    def held(self, layers: list[str]) -> list[str]:
+        """The layer chains of an image with diff IDs ``layers`` that this node holds."""
+        return [c for c in chain_ids(layers) if c in self.chains]
 
     @property
     def store(self) -> dict | None:
@@ -150,14 +154,13 @@ class ImageOutcome:
 
 
 class _Lines:
-    """A text sink (for :meth:`Cluster.run`'s ``stream``) that hands each whole line to ``each``;
-    carriage returns end lines too (rsync redraws its progress line with them)."""
+    """A text sink (for :meth:`Cluster.run`'s ``stream``) that hands each whole line to ``each``."""
 
     def __init__(self, each):
         self.each, self.buf = each, ""
 
     def write(self, s: str) -> int:
-        self.buf += s.replace("\r", "\n")
+        self.buf += s
         *lines, self.buf = self.buf.split("\n")
         for line in lines:
             self.each(line)
@@ -198,8 +201,8 @@ def stream_from_head(params: Params, cluster: Cluster, workers: list[Node],
     """One read of the image on the head per batch of ``distribution.parallel`` workers, each
     worker's stream without the layers it holds (where its Docker allows that)."""
     transfers = []
-    reader = params.distribution.reader
-    store = nodes[params.head.name].store if reader != "docker-save" else None
+    reader, head = params.distribution.reader, nodes[params.head.name]
+    store = head.store if reader != "docker-save" else None
     if store and reader == "container":
         store = {**store, "via": "container"}
     step = params.distribution.parallel
@@ -207,7 +210,7 @@ def stream_from_head(params: Params, cluster: Cluster, workers: list[Node],
         batch = workers[i:i + step]
         spec = {"image": params.runtime.image, "store": store, "workers": [
             {"name": w.name, "ssh": peer_ssh(w), "zstd": compress,
-             "have": sorted(nodes[w.name].chains) if nodes[w.name].skips_layers else []}
+             "have": nodes[w.name].held(head.layers) if nodes[w.name].skips_layers else []}
             for w in batch]}
         done: dict[str, dict] = {}
         start = time.monotonic()
@@ -246,10 +249,9 @@ def stream_from_head(params: Params, cluster: Cluster, workers: list[Node],
 
 def survey_table(params: Params, nodes: dict[str, NodeImage]) -> Table:
     head = nodes[params.head.name]
-    chains = chain_ids(head.layers)
-    rows = [[n, s.error or _short(s.id), "" if s.error else "yes" if s.id == head.id else "no",
+    rows = [[n, s.error or short_id(s.id), "" if s.error else "yes" if s.id == head.id else "no",
              s.docker, "containerd" if s.containerd_store else s.driver and f"classic ({s.driver})",
-             f"{sum(c in s.chains for c in chains)} of {len(chains)}", "yes" if s.zstd else "no"]
+             f"{len(s.held(head.layers))} of {len(head.layers)}", "yes" if s.zstd else "no"]
             for n, s in nodes.items()]
     return Table(["node", "image", "same as head", "docker", "image store", "layers held", "zstd"],
                  rows, title=f"{params.runtime.image} on every node")
@@ -276,15 +278,14 @@ def distribute_image(params: Params, cluster: Cluster, nodes: dict[str, NodeImag
     else:
         todo = [w for w in params.workers if not nodes[w.name].error and nodes[w.name].id != head.id]
         if not todo:
-            say(f"{image} ({_short(head.id)}) is already on every node: nothing to send")
+            say(f"{image} ({short_id(head.id)}) is already on every node: nothing to send")
         else:
             cluster.put(SCRIPT, STREAM, [params.head]).check("copy the image stream script to the head")
             compress, out.probe = choose_compression(params, cluster, head, todo, nodes)
-            chains = chain_ids(head.layers)
             for w in todo:
                 mine = nodes[w.name]
-                say(f"{w.name}: holds {_short(mine.id)}; " + (
-                    f"{sum(c in mine.chains for c in chains)} of the image's {len(chains)} layers "
+                say(f"{w.name}: holds {short_id(mine.id)}; " + (
+                    f"{len(mine.held(head.layers))} of the image's {len(head.layers)} layers "
                     "already there" if mine.skips_layers else "its Docker cannot load a partial archive"))
             say(f"streaming from {params.head.name}, compression {out.probe['decision']}")
             out.transfers = stream_from_head(params, cluster, todo, nodes, compress, show)
@@ -319,10 +320,10 @@ def image_verdict(params: Params, out: ImageOutcome) -> Verdict:
         elif got == ref:
             moved = (f"; sent {human_bytes(t.wire)}, {t.layers_held} layer(s) already there"
                      if t else "")
-            v.add(Check("image ID", node.name, PASS, _short(got) + moved, _short(ref)))
+            v.add(Check("image ID", node.name, PASS, short_id(got) + moved, short_id(ref)))
         else:
-            seen = out.errors.get(node.name) or f"{_short(got)} after the copy"
-            v.add(Check("image ID", node.name, FAIL, seen, _short(ref),
+            seen = out.errors.get(node.name) or f"{short_id(got)} after the copy"
+            v.add(Check("image ID", node.name, FAIL, seen, short_id(ref),
                         "check the node's disk space (`df -h` on the Docker root) and head-to-worker "
                         "SSH (01_preflight), then run this step again: the copy restarts cleanly",
                         cmd))
@@ -356,9 +357,9 @@ class ModelOutcome:
         return asdict(self)
 
 
-def manifests(params: Params, cluster: Cluster) -> dict[str, dict | None | str]:
+def manifests(params: Params, cluster: Cluster, nodes: list[Node] | None = None) -> dict[str, dict | None | str]:
     """Each node's model manifest (None: no model folder; a string: the node's error)."""
-    res = cluster.run(manifest_script(params.model.path, params.model.verify == "all"),
+    res = cluster.run(manifest_script(params.model.path, params.model.verify == "all"), nodes,
                       timeout=params.distribution.timeout_s)
     return {n: parse_manifest(r.stdout) if r.ok else r.summary() for n, r in res.items()}
 
@@ -397,7 +398,8 @@ def sync_model(params: Params, cluster: Cluster, say=print, show: bool = True) -
     """Copy the differing model files from the head to each worker that differs, then compare the
     manifests again."""
     out = ModelOutcome(params.model.path, params.distribution.model_sync)
-    out.before = differences(params, manifests(params, cluster), out)
+    found = manifests(params, cluster)
+    out.before = differences(params, found, out)
     if out.head_error or not out.enabled:
         out.after = out.before
         return out
@@ -435,7 +437,8 @@ def sync_model(params: Params, cluster: Cluster, say=print, show: bool = True) -
                               "command": rsync_command(params, w, todo[w.name][:3])
                               + (f"  # and {len(todo[w.name]) - 3} more files" if len(todo[w.name]) > 3 else "")}
     out.unreadable = {}
-    out.after = differences(params, manifests(params, cluster), out)
+    found.update(manifests(params, cluster, workers))  # the head and the others did not change
+    out.after = differences(params, found, out)
     return out
 
 
@@ -502,7 +505,3 @@ def save(run_dir: Path, image: ImageOutcome | None = None, model: ModelOutcome |
 
 def _int(text: str) -> int:
     return int(text.replace(",", ""))
-
-
-def _short(image_id: str | None) -> str:
-    return image_id.split(":")[-1][:12] if image_id else "absent"

@@ -21,14 +21,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .containers import LABEL, docker_run, fabric_env
-from .distribute import image_ids
 from .errors import CheckFailed
 from .params import Node, Params
 from .parsers import listener, parse_sections
 from .progress import Progress
 from .redact import mask
 from .remote import REMOTE_DIR, Cluster, command_line, sh
-from .tables import Table
+from .tables import Table, short_id
 from .verdict import FAIL, PASS, WARN, Check, Verdict
 
 RAY_CONTAINER = "sparkbook-ray"
@@ -121,18 +120,28 @@ def container_command(params: Params, node: Node, ray: bool | None = None) -> li
 
 
 def fingerprint(params: Params, node: Node, ray: bool) -> str:
-    """A digest of what decides the node's container: a change means a restart."""
+    """A digest of what decides the node's container (Ray's with ``ray``), or vllm serve in the
+    head's Ray container: a change means a restart. Ray's leaves out vllm serve's arguments, so
+    that a serving change restarts vllm serve, not the Ray cluster."""
     what = {"image": params.runtime.image, "ray": ray_args(params, node) if ray else None,
-            "serve": serve_args(params, node) if not ray or node.role == "head" else None,
+            "serve": None if ray else serve_args(params, node),
             "env": container_env(params, node), "mounts": mounts(params),
             "runtime": params.runtime.model_dump(), "token": bool(token(params))}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
+# vllm serve's processes in the Ray container; the brackets keep a shell whose own command line
+# holds the pattern (the one running pkill) from matching itself
+SERVE_PATTERN = "[v]llm serve"
+SERVE_FP = "SPARKBOOK_SERVE_FINGERPRINT"
+
+
 def ray_serve_command(params: Params) -> list[str]:
-    """vllm serve in the head's Ray container, its output into a file in the logs folder."""
+    """vllm serve in the head's Ray container, its output into a file in the logs folder; its
+    fingerprint in its environment (see :func:`serving_fingerprint`)."""
     inner = command_line(serve_args(params, params.head)) + f" > {SERVE_LOG} 2>&1"
-    return ["docker", "exec", "-d", RAY_CONTAINER, "bash", "-c", inner]
+    return ["docker", "exec", "-d", "-e", f"{SERVE_FP}={fingerprint(params, params.head, False)}",
+            RAY_CONTAINER, "bash", "-c", inner]
 
 
 def shown(cmd: list[str] | str) -> str:
@@ -176,7 +185,7 @@ class ImageInfo:
 def inspect_image(params: Params, cluster: Cluster, run_dir: Path | None = None) -> ImageInfo:
     """Read the image on the head: versions, `vllm serve` options, supported architectures. Runs
     inside the image with the runtime's GPU flags (``vllm serve --help`` crashes in some images
-    without GPU access); the result is kept in the run folder per image ID."""
+    without GPU access); the result is kept in the run folder per image ID and model."""
     head = params.head
     ident = cluster.run_on(head, ["docker", "image", "inspect", "--format", "{{.Id}}", params.runtime.image])
     info = ImageInfo(params.runtime.image, ident.stdout.strip() if ident.ok else None)
@@ -186,7 +195,7 @@ def inspect_image(params: Params, cluster: Cluster, run_dir: Path | None = None)
     cache = run_dir / "image_inspection.json" if run_dir else None
     if cache and cache.exists():
         old = json.loads(cache.read_text())
-        if old.get("image_id") == info.image_id:
+        if old.pop("model", None) == params.model.path and old.get("image_id") == info.image_id:
             return ImageInfo(**old)
     start = time.monotonic()
     cluster.put(INSPECT_SCRIPT, f"{REMOTE_DIR}/inspect_vllm.py", [head]).check("copy the inspection script")
@@ -210,7 +219,7 @@ def inspect_image(params: Params, cluster: Cluster, run_dir: Path | None = None)
     info.seconds = time.monotonic() - start
     if cache:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps(asdict(info), indent=2) + "\n")
+        cache.write_text(json.dumps({**asdict(info), "model": params.model.path}, indent=2) + "\n")
     return info
 
 
@@ -226,8 +235,10 @@ def configured_options(params: Params) -> list[str]:
     return seen
 
 
-def image_verdict(params: Params, info: ImageInfo, need_ray: bool) -> Verdict:
-    """The image can do what the parameters ask: fails in seconds, naming the problem."""
+def image_verdict(params: Params, info: ImageInfo, need_ray: bool | None = None) -> Verdict:
+    """The image can do what the parameters ask: fails in seconds, naming the problem. Ray is
+    needed by the Ray executor (``need_ray`` by default) and by 04, which forms a Ray cluster."""
+    need_ray = params.serving.executor == "ray" if need_ray is None else need_ray
     v = Verdict("serving image")
     head = params.head.name
     if "image" in info.errors:
@@ -271,7 +282,7 @@ def image_verdict(params: Params, info: ImageInfo, need_ray: bool) -> Verdict:
 
 
 def info_table(info: ImageInfo) -> Table:
-    rows = [["image", f"{info.image} ({(info.image_id or 'absent').split(':')[-1][:12]})"],
+    rows = [["image", f"{info.image} ({short_id(info.image_id)})"],
             ["vLLM", info.vllm], ["Ray", info.ray or "absent"], ["torch", info.torch],
             ["transformers", info.transformers], ["serve options", f"{len(info.options)} (from {info.options_from})"],
             ["supported architectures", len(info.architectures)],
@@ -283,18 +294,31 @@ def info_table(info: ImageInfo) -> Table:
 
 @dataclass
 class NodeState:
-    """A node's sparkbook containers: name -> (status, fingerprint)."""
+    """A node's sparkbook containers: name -> (status, fingerprint), the image ID each runs, the
+    configured image's ID there now (None: absent) and its TCP listeners."""
     containers: dict[str, tuple[str, str]] = field(default_factory=dict)
+    runs: dict[str, str] = field(default_factory=dict)
+    image: str | None = None
     listeners: list[str] = field(default_factory=list)
     error: str | None = None
 
+    def current(self, name: str, fingerprint: str) -> bool:
+        """``name`` runs, started from these parameters, on the image its tag names now (not one
+        that 03 has since replaced)."""
+        return self.containers.get(name) == ("running", fingerprint) and self.runs.get(name) == self.image
+
 
 def state(params: Params, cluster: Cluster) -> dict[str, NodeState]:
-    """Every node's sparkbook containers and TCP listeners (one round trip)."""
+    """Every node's sparkbook containers, the configured image and TCP listeners (one round trip)."""
     script = "\n".join([
         "echo '@@ containers'",
         sh("docker ps -a --filter label={l} --format '{{{{.Names}}}}\\t{{{{.State}}}}\\t"
            "{{{{.Label \"{f}\"}}}}'", l=LABEL, f=FINGERPRINT),
+        "echo '@@ runs'",
+        sh("ids=$(docker ps -aq --filter label={l}); [ -z \"$ids\" ] || "
+           "docker inspect --format '{{{{.Name}}}} {{{{.Image}}}}' $ids", l=LABEL),
+        "echo '@@ image'",
+        sh("docker image inspect --format '{{{{.Id}}}}' {i} 2>/dev/null || true", i=params.runtime.image),
         "echo '@@ listeners'", "ss -ltnpH 2>/dev/null || ss -ltnH"])
     out = {}
     for name, r in cluster.run(script).items():
@@ -305,6 +329,9 @@ def state(params: Params, cluster: Cluster) -> dict[str, NodeState]:
                 cols = line.split("\t") + ["", ""]
                 if cols[0]:
                     st.containers[cols[0]] = (cols[1], cols[2])
+            st.runs = dict(line.lstrip("/").split(" ", 1) for line in sec.get("runs", "").splitlines()
+                           if " " in line)
+            st.image = sec.get("image") or None
             st.listeners = sec.get("listeners", "").splitlines()
         out[name] = st
     return out
@@ -331,18 +358,18 @@ def start(params: Params, cluster: Cluster, nodes: list[Node], ray: bool, say=pr
             cluster.run(["rm", "-f", ENV_FILE], nodes)
 
 
-def check_image(params: Params, cluster: Cluster) -> None:
+def check_image(params: Params, states: dict[str, NodeState]) -> None:
     """Every node holds the head's image, the same ID, before anything starts: otherwise Docker
     would try a registry (on a private cluster: a long wait, then an unrelated-looking error), or
-    nodes would run different vLLM builds."""
-    ids = image_ids(params, cluster)
+    nodes would run different vLLM builds. ``states``: :func:`state` of every node."""
+    ids = {n: s.image for n, s in states.items()}
     head = ids.get(params.head.name)
     bad = []
     for node, image_id in ids.items():
         if image_id is None:
             bad.append(f"- {node}: the image is not there")
         elif head and image_id != head:
-            bad.append(f"- {node}: holds {image_id[:19]} under the tag, the head {head[:19]}")
+            bad.append(f"- {node}: holds {short_id(image_id)} under the tag, the head {short_id(head)}")
     if bad:
         raise CheckFailed(f"image {params.runtime.image} on every node: {len(bad)} of {len(ids)} node(s) "
                           "differ\n" + "\n".join(bad) + "\n  command: "
@@ -376,10 +403,9 @@ class RayCluster:
 
 def ray_nodes(params: Params, cluster: Cluster) -> RayCluster:
     """The Ray cluster as the head's Ray sees it, by node name (matched on fabric addresses)."""
-    head = params.head
-    r = cluster.run_on(head, ["docker", "exec", RAY_CONTAINER, "python3", "-c", RAY_NODES], timeout=60)
-    status = cluster.run_on(head, ["docker", "exec", RAY_CONTAINER, "ray", "status"], timeout=60)
-    out = RayCluster(status_text=status.stdout)
+    r = cluster.run_on(params.head, sh("docker exec {c} python3 -c {p}; echo '@@ status'; "
+                                       "docker exec {c} ray status", c=RAY_CONTAINER, p=RAY_NODES), timeout=90)
+    out = RayCluster(status_text=parse_sections(r.stdout).get("status", ""))
     found = re.search(r"^RAYNODES (.*)$", r.stdout, re.M)
     if not found:
         out.error = r.summary()
@@ -401,13 +427,12 @@ def form_ray_cluster(params: Params, cluster: Cluster, run_dir: Path | None = No
     start_t = time.monotonic()
     current = state(params, cluster)
     fp = {n.name: fingerprint(params, n, True) for n in params.nodes}
-    running = all(current[n.name].containers.get(RAY_CONTAINER) == ("running", fp[n.name])
-                  for n in params.nodes)
+    running = all(current[n.name].current(RAY_CONTAINER, fp[n.name]) for n in params.nodes)
     rc = ray_nodes(params, cluster) if running else RayCluster(missing=[n.name for n in params.nodes])
     if not rc.missing:
         say("the Ray cluster is already up with every node and matches the parameters: kept")
     else:
-        check_image(params, cluster)
+        check_image(params, current)
         try:
             start(params, cluster, params.nodes, True, say=say)
         except CheckFailed:  # the head may have started before a worker failed
@@ -423,16 +448,17 @@ def form_ray_cluster(params: Params, cluster: Cluster, run_dir: Path | None = No
                     break
                 time.sleep(3)
     rc.seconds = time.monotonic() - start_t
-    if rc.missing and run_dir:  # nothing half-formed stays up: logs first, then the containers
+    if rc.missing:  # nothing half-formed stays up: logs first (with a run folder), then the containers
         stop_ray(params, cluster, run_dir)
-    elif not rc.missing and params.serving.executor != "ray":
+    elif params.serving.executor != "ray":
         stop_ray(params, cluster, run_dir)
         say("serving.executor is mp: the Ray cluster was formed and checked, and is now stopped")
     return rc
 
 
-def ray_verdict(params: Params, rc: RayCluster) -> Verdict:
-    v = Verdict("04 Ray cluster")
+def ray_verdict(params: Params, rc: RayCluster, image: Verdict | None = None) -> Verdict:
+    """Every node in the Ray cluster with its GPUs, after ``image``'s checks (the image verdict)."""
+    v = Verdict("04 Ray cluster").extend(image.checks if image else [])
     want_gpu = params.runtime.gpus
     for n in params.nodes:
         rec = rc.nodes.get(n.name)
@@ -536,14 +562,19 @@ def serve(params: Params, cluster: Cluster, run_dir: Path, say=print) -> Deploym
     dep = Deployment()
     ray = params.serving.executor == "ray"
     name = serving_container(params)
-    dep.fingerprints = {n.name: fingerprint(params, n, ray) for n in serving_nodes(params)}
+    dep.fingerprints = {n.name: fingerprint(params, n, False) for n in serving_nodes(params)}
     states = state(params, cluster)
     bad = [f"{n}: {s.error}" for n, s in states.items() if s.error]
     if bad:
         raise CheckFailed("cannot read the nodes' containers: " + "; ".join(bad))
-    same = all(states[n].containers.get(name) == ("running", fp) for n, fp in dep.fingerprints.items())
-    # what is serving now: vllm serve in the head's Ray container, or the mp containers
-    running = _serve_running(params, cluster) if ray else any(name in s.containers for s in states.values())
+    # what is serving now, and whether it was started from these parameters: vllm serve in the
+    # head's Ray container, or the mp containers
+    if ray:
+        now = serving_fingerprint(params, cluster)
+        running, same = now is not None, now == dep.fingerprints[params.head.name]
+    else:
+        running = any(name in s.containers for s in states.values())
+        same = all(states[n].current(name, fp) for n, fp in dep.fingerprints.items())
     if same and running:
         ok, models, _ = healthy(params)
         if ok:
@@ -551,7 +582,7 @@ def serve(params: Params, cluster: Cluster, run_dir: Path, say=print) -> Deploym
             dep.seconds = time.monotonic() - t0
             say(f"vLLM is already serving {', '.join(models)} and matches the parameters: nothing changed")
             return dep
-    check_image(params, cluster)  # before a running deployment is replaced
+    check_image(params, states)  # before a running deployment is replaced
     dep.action = "restarted" if running else "started"
     if running:
         say("replacing the running deployment (parameters changed or it is not healthy); its logs go "
@@ -566,7 +597,9 @@ def serve(params: Params, cluster: Cluster, run_dir: Path, say=print) -> Deploym
         if ray:
             if not all(states[n.name].containers.get(RAY_CONTAINER, ("",))[0] == "running" for n in params.nodes):
                 raise CheckFailed("the Ray cluster is not running on every node: run 04_ray_cluster first")
-            cluster.run_on(params.head, ray_serve_command(params), timeout=60)
+            cluster.run(ray_serve_command(params), [params.head], timeout=60).check(
+                "start vllm serve in the Ray container", "see the message above; 04_ray_cluster "
+                "forms the Ray cluster it runs in")
         else:
             start(params, cluster, params.nodes, False, say=say)
         dep.ready, dep.models, dep.seen, dep.stopped = wait_ready(params, cluster,
@@ -581,18 +614,23 @@ def serve(params: Params, cluster: Cluster, run_dir: Path, say=print) -> Deploym
     return dep
 
 
-def _serve_running(params: Params, cluster: Cluster) -> bool:
-    r = cluster.run_on(params.head, ["docker", "exec", RAY_CONTAINER, "pgrep", "-f", "vllm serve"])
-    return r.ok
+def serving_fingerprint(params: Params, cluster: Cluster) -> str | None:
+    """The fingerprint vllm serve in the head's Ray container was started with ("" when it has
+    none); None when it does not run."""
+    r = cluster.run_on(params.head, ["docker", "exec", RAY_CONTAINER, "sh", "-c", sh(
+        "pid=$(pgrep -o -f {p}) || exit 3; echo \"FP=$(tr '\\0' '\\n' < /proc/$pid/environ | "
+        "sed -n 's/^{e}=//p')\"", p=SERVE_PATTERN, e=SERVE_FP)])
+    found = re.search(r"^FP=(.*)$", r.stdout, re.M) if r.ok else None
+    return found.group(1).strip() if found else None
 
 
 def _remove_serving(params: Params, cluster: Cluster) -> None:
     """Stop vLLM: its containers (mp), or vllm serve in the head's Ray container, waited for so
     that its port is free when this returns."""
     if params.serving.executor == "ray":
-        cluster.run(["docker", "exec", RAY_CONTAINER, "bash", "-c",
-                     "pkill -f 'vllm serve'; for i in $(seq 60); do pgrep -f 'vllm serve' >/dev/null "
-                     "|| exit 0; sleep 1; done; pkill -9 -f 'vllm serve'"], [params.head], timeout=90)
+        cluster.run(["docker", "exec", RAY_CONTAINER, "bash", "-c", sh(
+            "pkill -f {p}; for i in $(seq 60); do pgrep -f {p} >/dev/null || exit 0; sleep 1; done; "
+            "pkill -9 -f {p}", p=SERVE_PATTERN)], [params.head], timeout=90)
     else:
         cluster.run(["docker", "rm", "-f", params.runtime.container_name])
 
@@ -621,12 +659,15 @@ def wait_ready(params: Params, cluster: Cluster, timeout: float) -> tuple[bool, 
 
 def log_tails(params: Params, cluster: Cluster) -> dict[str, tuple[str, str]]:
     """Each serving node's container state ("running", or "exited 137 (OOM-killed)"...) and last
-    log line."""
+    log line. With Ray, "serve-exited" when the Ray container runs but vllm serve in it does not."""
     name = serving_container(params)
-    tail = (sh("tail -n 1 {f} 2>/dev/null", f=SERVE_LOG) if params.serving.executor == "ray" else
-            sh("docker logs --tail 1 {c} 2>&1", c=name))
-    script = (sh("docker inspect --format '{{{{.State.Status}}}} {{{{.State.ExitCode}}}} "
-                 "{{{{.State.OOMKilled}}}}' {c} 2>/dev/null || echo absent; ", c=name) + tail)
+    script = sh("s=$(docker inspect --format '{{{{.State.Status}}}} {{{{.State.ExitCode}}}} "
+                "{{{{.State.OOMKilled}}}}' {c} 2>/dev/null || echo absent); ", c=name)
+    if params.serving.executor == "ray":
+        script += sh('case $s in running*) docker exec {c} pgrep -f {p} >/dev/null || s=serve-exited;; esac; '
+                     'echo "$s"; tail -n 1 {f} 2>/dev/null', c=name, p=SERVE_PATTERN, f=SERVE_LOG)
+    else:
+        script += sh('echo "$s"; docker logs --tail 1 {c} 2>&1', c=name)
     out = {}
     for n, r in cluster.run(script, serving_nodes(params), timeout=30).items():
         lines = r.stdout.splitlines()
@@ -736,15 +777,16 @@ def diagnose(params: Params, cluster: Cluster, run_dir: Path) -> list[dict]:
     return found
 
 
-def serve_verdict(params: Params, dep: Deployment) -> Verdict:
-    v = Verdict("05 vLLM serving")
+def serve_verdict(params: Params, dep: Deployment, image: Verdict | None = None) -> Verdict:
+    """The deployment answers with the expected model, after ``image``'s checks (the image verdict)."""
+    v = Verdict("05 vLLM serving").extend(image.checks if image else [])
     head = params.head.name
     if dep.conflicts:
         return v.extend(dep.conflicts)
     if dep.ready:
         v.add(Check("endpoint ready", head, PASS, f"{params.endpoint}: {', '.join(dep.models)} "
                     f"({dep.action}, {dep.seconds:.0f} s)", "/health and /v1/models answer"))
-        want = params.serving.served_model_name or params.model.path
+        want = params.served_model
         v.add(Check("served model", head, PASS if want in dep.models else FAIL, ", ".join(dep.models), want,
                     "" if want in dep.models else "check serving.served_model_name"))
         return v

@@ -58,11 +58,7 @@ class Context:
         """The last cell of a notebook: show the verdict, keep it in the run folder
         (``verdicts/STEP.json``) and fail the cell when any check failed."""
         verdict.save(self.path("verdicts", f"{step}.json"))
-        try:
-            from IPython.display import display
-            display(verdict)
-        except ImportError:  # outside IPython
-            print(verdict.to_text())
+        _show(verdict)
         verdict.raise_for_failures()
 
     def gate(self, verdict: Verdict, step: str) -> Verdict:
@@ -71,11 +67,7 @@ class Context:
         the final one."""
         if verdict.failures:
             self.conclude(verdict, step)
-        try:
-            from IPython.display import display
-            display(verdict)
-        except ImportError:
-            print(verdict.to_text())
+        _show(verdict)
         return verdict
 
     def describe(self) -> str:
@@ -83,6 +75,14 @@ class Context:
         nodes = ", ".join(f"{n.name} ({n.role})" for n in p.nodes)
         return (f"sparkbook {__version__}\nparameters: {self.source}\n"
                 f"deployment: {p.name}: {len(p.nodes)} node(s): {nodes}\nrun folder: {self.run_dir}")
+
+
+def _show(verdict: Verdict) -> None:
+    try:
+        from IPython.display import display
+        display(verdict)
+    except ImportError:  # outside IPython
+        print(verdict.to_text())
 
 
 def resolve(namespace: Mapping[str, Any]) -> tuple[Params, str]:

@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from .errors import SparkbookError
+from .redact import protect
 
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 # Fields whose values are never echoed back in an error message.
@@ -265,6 +266,11 @@ class Params(_Model):
         url = self.serving.api_url or f"http://{self.head.host}:{self.ports.api}"
         return url.rstrip("/")
 
+    @property
+    def served_model(self) -> str:
+        """The model's name in the API: what clients put in ``model``."""
+        return self.serving.served_model_name or self.model.path
+
     def gpus_of(self, node: Node) -> int:
         return self.expectations.gpus_per_node if node.gpus is None else node.gpus
 
@@ -375,6 +381,7 @@ def validate(data: Any, source: str = "parameters") -> Params:
     problems = _semantic_problems(params)
     if problems:
         raise ParamsError(source, problems)
+    protect(params.model.hf_token_env)  # its value is masked wherever sparkbook writes text
     return params
 
 

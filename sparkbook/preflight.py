@@ -17,6 +17,7 @@ from .params import Node, Params
 from .parsers import (listener, parse_ethtool, parse_ibdev2netdev, parse_ibstat, parse_ibv_devinfo,
                       parse_nvidia_smi_table, parse_sections)
 from .remote import Cluster, Result, command_line, peer_ssh, sh
+from .tables import short_id
 from .verdict import FAIL, PASS, SKIP, WARN, Check, Verdict
 
 SKEW_WARN_S, SKEW_FAIL_S = 0.5, 2.0
@@ -352,16 +353,16 @@ def checks(params: Params, data: dict[str, dict], results: dict[str, Result]) ->
             img = data[node.name]["image"]
             if node.name == head.name:
                 ok = img is not None
-                v.add(Check("image", node.name, PASS if ok else FAIL, _short(img) if ok else "absent",
+                v.add(Check("image", node.name, PASS if ok else FAIL, short_id(img) if ok else "absent",
                             f"{params.runtime.image} on the head", "" if ok else
                             f"`docker pull {params.runtime.image}` (or build it) on the head",
                             f"docker image inspect {params.runtime.image}"))
             elif img is None:
-                v.add(Check("image", node.name, WARN, "absent: to distribute", _short(ref),
+                v.add(Check("image", node.name, WARN, "absent: to distribute", short_id(ref),
                             "03_distribute_image sends it from the head"))
             else:
                 ok = img == ref
-                v.add(Check("image", node.name, PASS if ok else FAIL, _short(img), _short(ref),
+                v.add(Check("image", node.name, PASS if ok else FAIL, short_id(img), short_id(ref),
                             "" if ok else f"a different image under {params.runtime.image}: "
                             "03_distribute_image replaces it with the head's",
                             f"docker image inspect {params.runtime.image}"))
@@ -414,8 +415,6 @@ def _port_state(d: dict, hca: str) -> tuple | None:
     return None
 
 
-def _short(image_id: str | None) -> str:
-    return image_id.split(":")[-1][:12] if image_id else "absent"
 
 
 def run(params: Params, cluster: Cluster | None = None) -> tuple[Verdict, dict[str, dict]]:

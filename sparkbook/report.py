@@ -10,6 +10,7 @@ import nbformat
 from nbconvert import HTMLExporter
 from nbconvert.preprocessors import TagRemovePreprocessor
 
+from . import bench
 from .errors import SparkbookError
 from .redact import mask
 
@@ -64,17 +65,17 @@ def key_numbers(run_dir: Path) -> list[tuple[str, str]]:
         out.append(("vLLM start-up", (f"ready in {serving['seconds']:.0f} s" if serving["ready"] else
                                       f"not ready after {serving['seconds']:.0f} s")
                     + f" ({serving['action']})"))
-    bench = _load(run_dir / "benchmark" / "results.json")
-    if bench:
-        first = next((lv for lv in bench.get("depths", []) if lv.get("decode_tok_s")), None)
-        if first:
-            out.append(("single user", f"{first['decode_tok_s']:.1f} tok/s decode, "
-                        f"{first['prefill_tok_s'] or 0:.0f} tok/s prefill at depth {first['depth']}"))
-        conc = [lv for lv in bench.get("concurrency", []) if lv.get("output_tok_s")]
+    if (run_dir / bench.FOLDER / "results.json").exists():
+        res = bench.load(run_dir)
+        one = res.single_user()  # the level the references are compared with
+        if one:
+            out.append(("single user", f"{one.decode_tok_s:.1f} tok/s decode, "
+                        f"{one.prefill_tok_s or 0:.0f} tok/s prefill at {one.label}"))
+        conc = [lv for lv in res.concurrency if lv.output_tok_s]
         if conc:
-            best = max(conc, key=lambda lv: lv["output_tok_s"])
-            out.append(("peak throughput", f"{best['output_tok_s']:.0f} output tok/s at concurrency "
-                        f"{best['concurrency']} (TTFT p50 {best['ttft_ms']['p50'] or 0:.0f} ms)"))
+            best = max(conc, key=lambda lv: lv.output_tok_s)
+            out.append(("peak throughput", f"{best.output_tok_s:.0f} output tok/s at concurrency "
+                        f"{best.concurrency} (TTFT p50 {best.ttft_ms['p50'] or 0:.0f} ms)"))
     return out
 
 

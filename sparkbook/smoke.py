@@ -138,7 +138,7 @@ def run(base_url: str, model: str, *, reasoning_parser: str | None = None,
         if model in ids:
             return PASS, f"{model} among {len(ids)} model(s)", ""
         return FAIL, f"served: {', '.join(ids) or 'none'}", \
-            "the name clients use must be the served name (serving.served_model_name, or model.name)"
+            "the name clients use must be the served name (serving.served_model_name, else model.path)"
 
     def chat():
         r = s.chat(max_tokens=32)

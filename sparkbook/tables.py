@@ -9,6 +9,11 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 
+def short_id(image_id: str | None) -> str:
+    """``sha256:0123456789abcdef...`` -> ``0123456789ab`` (as ``docker images`` shows it)."""
+    return image_id.split(":")[-1][:12] if image_id else "absent"
+
+
 def human_bytes(n: float) -> str:
     """``1536`` -> ``1.5 KiB``: binary units, three significant figures."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):

@@ -4,23 +4,27 @@ the second run changes nothing), 08 leaves nothing; a worker killed during start
 fail 05 naming the node and the cause."""
 
 import json
+import os
+import re
 import shlex
+import subprocess
 import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 
 from conftest import field_sample
 from sparkbook import launch
 from sparkbook.lab import faults
 from sparkbook.lab.lab import docker
-from sparkbook.params import load
+from sparkbook.params import load, validate
 from sparkbook.parsers import listener
 from sparkbook.redact import MASK
-from sparkbook.remote import command_line
+from sparkbook.remote import Cluster, command_line
 from sparkbook.runner import run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,7 +60,7 @@ def test_spark_pair_containers_have_what_multi_node_serving_needs():
     assert "--head" in head and "--address" not in head
     assert worker[worker.index("--address") + 1] == "192.168.100.10:6379"
     serve = launch.ray_serve_command(p)
-    assert serve[:4] == ["docker", "exec", "-d", launch.RAY_CONTAINER]
+    assert serve[:3] == ["docker", "exec", "-d"] and serve[5:8] == [launch.RAY_CONTAINER, "bash", "-c"]
     inner = shlex.split(serve[-1].split(" > ")[0])
     assert inner[:3] == ["vllm", "serve", p.model.path]
     for a, b in (("--tensor-parallel-size", "2"), ("--distributed-executor-backend", "ray"),
@@ -99,8 +103,10 @@ def test_odd_values_stay_one_argument_and_secrets_never_appear(monkeypatch):
     assert cmd[cmd.index("--env-file") + 1] == launch.ENV_FILE
     rendered = launch.commands_table(p).to_text() + launch.commands_table(p)._repr_html_()
     assert CANARY not in rendered and CANARY not in json.dumps(cmd)
-    assert CANARY not in launch.fingerprint(p, p.head, True)
     assert launch.shown(["echo", CANARY]) == f"echo {MASK}"
+    with_canary = launch.fingerprint(p, p.head, True)
+    monkeypatch.setenv("HF_TOKEN", "hf_anotherTOKENvalue42")
+    assert launch.fingerprint(p, p.head, True) == with_canary  # whether a token is set, not its value
 
 
 def test_configured_options_are_checked_against_the_image():
@@ -118,6 +124,67 @@ def test_configured_options_are_checked_against_the_image():
     no_ray = launch.image_verdict(p, launch.ImageInfo("img", "sha256:1", vllm="0.17.0", options=opts),
                                   need_ray=True)
     assert [c.check for c in no_ray.failures] == ["Ray in the image"]
+
+
+FAKE_DOCKER = """#!/bin/sh
+case "$1" in
+  inspect) echo "$FAKE_STATE";;
+  exec) [ -n "$FAKE_SERVE_UP" ];;
+  logs) echo "last line of the container";;
+esac
+"""
+
+
+@pytest.mark.parametrize("executor,state,serve_up,expected", [
+    ("ray", "running 0 false", "1", "running"),
+    ("ray", "running 0 false", "", "serve-exited"),  # the Ray container lives on, vllm serve died
+    ("ray", "exited 137 true", "", "exited with code 137, killed for memory (OOM)"),
+    ("mp", "exited 143 false", "", "exited with code 143, killed by a signal"),
+    ("mp", "running 0 false", "", "running")])
+def test_log_tails_tell_a_dead_server_from_a_live_one(tmp_path, monkeypatch, executor, state, serve_up,
+                                                       expected):
+    (tmp_path / "docker").write_text(FAKE_DOCKER)
+    (tmp_path / "docker").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_STATE", state)
+    monkeypatch.setenv("FAKE_SERVE_UP", serve_up)
+    data = yaml.safe_load((ROOT / "parameters" / "localhost.yaml").read_text())
+    data["serving"]["executor"] = executor
+    params = validate(data)
+    tails = launch.log_tails(params, Cluster.from_params(params))
+    assert tails["this-machine"][0] == expected
+
+
+def test_ray_containers_outlive_serving_changes_and_vllm_serve_carries_its_fingerprint(tmp_path, monkeypatch):
+    p = load(PAIR)
+    changed = p.model_copy(update={"serving": p.serving.model_copy(update={"max_model_len": 4096})})
+    for n in p.nodes:  # a serving change restarts vllm serve, not the Ray cluster
+        assert launch.fingerprint(changed, n, True) == launch.fingerprint(p, n, True)
+    assert launch.fingerprint(changed, p.head, False) != launch.fingerprint(p, p.head, False)
+
+    # vllm serve as started by ray_serve_command, in a "container" that is this machine: a
+    # process whose command line holds the pattern, with the environment `docker exec -e` gives
+    mark = f"sparkbook-test-serve-{os.getpid()}"
+    monkeypatch.setattr(launch, "SERVE_PATTERN", f"[{mark[0]}]{mark[1:]}")
+    (tmp_path / "docker").write_text('#!/bin/sh\n[ "$1" = exec ] && shift 2 && exec "$@"\n')
+    (tmp_path / "docker").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    data = yaml.safe_load((ROOT / "parameters" / "localhost.yaml").read_text())
+    data["serving"]["executor"] = "ray"
+    local = validate(data)
+    cluster = Cluster.from_params(local)
+    assert launch.serving_fingerprint(local, cluster) is None  # not running
+    cmd = launch.ray_serve_command(local)
+    fp = cmd[cmd.index("-e") + 1]
+    assert fp == f"{launch.SERVE_FP}={launch.fingerprint(local, local.head, False)}"
+    name, value = fp.split("=", 1)
+    proc = subprocess.Popen(["sh", "-c", f"sleep 30; : {mark}"], env={**os.environ, name: value})
+    try:
+        time.sleep(0.2)
+        assert launch.serving_fingerprint(local, cluster) == launch.fingerprint(local, local.head, False)
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_signatures_on_real_vllm_logs():
@@ -158,7 +225,21 @@ def test_ray_cluster_then_tp2_serving_twice_then_teardown_leaves_nothing(lab, pa
     assert run(LAB, steps="05", out=again, report=False)["status"] == "passed"
     assert json.loads((again / "serving.json").read_text())["action"] == "kept"
 
-    assert run(LAB, steps="08", out=tmp_path, report=False)["status"] == "passed"
+    # a newer build under the tag on the head, copied by 03: the deployment is not kept
+    image, head = params.runtime.image, lab.nodes()[0]
+    for node in lab.nodes():
+        docker(node, "tag", image, "sbk-test-keep:latest")
+    docker(head, "build", "-q", "-t", image, "-", input="FROM sbk-test-keep:latest\nLABEL x=2\n")
+    try:
+        newer = tmp_path / "newer"
+        assert run(LAB, steps="03,05", out=newer, report=False)["status"] == "passed"
+        assert json.loads((newer / "serving.json").read_text())["action"] == "restarted"
+        assert run(LAB, steps="08", out=tmp_path, report=False)["status"] == "passed"
+    finally:
+        for node in lab.nodes():
+            docker(node, "tag", "sbk-test-keep:latest", image)
+            docker(node, "rmi", "sbk-test-keep:latest", check=False)
+            docker(node, "image", "prune", "-f", check=False)
     assert (tmp_path / "logs" / "spark-2" / "sparkbook-vllm.log").stat().st_size > 0
     states = launch.state(params, cluster)
     assert all(not s.containers for s in states.values()), states
@@ -232,7 +313,7 @@ def test_a_worker_without_the_heads_image_fails_before_anything_starts(lab, para
         docker(worker, "rmi", "sbk-test-keep:latest", check=False)
         docker(worker, "image", "prune", "-f", check=False)
     assert "- spark-2: the image is not there" in str(absent.value)
-    assert "- spark-2: holds sha256:" in str(other.value)
+    assert re.search(r"^- spark-2: holds [0-9a-f]{12} under the tag, the head [0-9a-f]{12}$", str(other.value), re.M)
     for e in (absent, other):
         assert "spark-1" not in str(e.value) and "remedy: run 03_distribute_image" in str(e.value)
     assert all(not c for s in seen.values() for c in s.values()), seen

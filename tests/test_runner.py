@@ -8,6 +8,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import yaml
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from sparkbook.cli import main
@@ -160,8 +161,22 @@ def test_injected_bad_field_fails_the_cell_with_the_path(tmp_path):
     assert not any(".py" in line for line in errors[0]["traceback"])
 
 
+def test_the_parameters_token_variable_is_masked_whatever_its_name(tmp_path, monkeypatch):
+    from sparkbook import redact
+    from sparkbook.params import load
+    secret = "hf_customNAMEsecret98765"
+    monkeypatch.setenv("SPARKBOOK_HUGGINGFACE_CRED", secret)  # a name the pattern does not catch
+    monkeypatch.setattr(redact, "_named", set())
+    assert secret in redact.mask(f"x {secret} y")
+    data = yaml.safe_load(LOCALHOST.read_text())
+    data["model"]["hf_token_env"] = "SPARKBOOK_HUGGINGFACE_CRED"
+    (tmp_path / "custom.yaml").write_text(yaml.safe_dump(data))
+    load(tmp_path / "custom.yaml")
+    assert redact.mask(f"x {secret} y") == f"x {redact.MASK} y"
+
+
 def test_report_key_numbers_commands_and_masked_secrets(books, tmp_path, monkeypatch):
-    from sparkbook import report
+    from sparkbook import bench, report
     secret = "hf_reportSECRET123456"
     monkeypatch.setenv("HF_TOKEN", secret)
     notebook(books / "03_leaky.ipynb", START, f"print('token {secret} in an output')\n"
@@ -172,11 +187,14 @@ def test_report_key_numbers_commands_and_masked_secrets(books, tmp_path, monkeyp
     assert main(["run", "-p", str(LOCALHOST), "--notebooks", str(books), "--steps", "00,03",
                  "--out", str(out)]) == 0
     (out / "serving.json").write_text(json.dumps({"action": "started", "ready": True, "seconds": 41.6}))
-    (out / "benchmark").mkdir()
-    (out / "benchmark" / "results.json").write_text(json.dumps({
-        "depths": [{"depth": 0, "decode_tok_s": 27.4, "prefill_tok_s": 900.0}],
-        "concurrency": [{"concurrency": c, "output_tok_s": t, "ttft_ms": {"p50": 80.0}}
-                        for c, t in ((1, 27.0), (4, 90.5), (8, 85.0))]}))
+    def level(kind, label, **kw):
+        return bench.LevelResult(kind, label, "chat", 128, 64, kw.pop("concurrency", 1), None, 8, 0, **kw)
+
+    bench.save(bench.Results("m", "http://x", "chat", "2026-11-29T00:00:00+00:00", 0, {}, depths=[
+        level("depth", "depth 4096", depth=4096, decode_tok_s=20.1, prefill_tok_s=700.0),
+        level("depth", "depth 0", depth=0, decode_tok_s=27.4, prefill_tok_s=900.0)],
+        concurrency=[level("concurrency", f"c={c}", concurrency=c, output_tok_s=t, ttft_ms={"p50": 80.0})
+                     for c, t in ((1, 27.0), (4, 90.5), (8, 85.0))]), out)
     assert dict(report.key_numbers(out)) == {
         "vLLM start-up": "ready in 42 s (started)",
         "single user": "27.4 tok/s decode, 900 tok/s prefill at depth 0",

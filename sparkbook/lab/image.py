@@ -198,8 +198,9 @@ def _venv_tar(rootfs: Path, wheels: Path, digest: str, say) -> Path:
     script = VENV_SCRIPT.format(reqs=shlex.join(REQUIREMENTS), vllm=VLLM_VERSION)
     (rootfs / "wheels").mkdir(exist_ok=True)
     # In a private mount namespace: the bind mounts vanish with it, whatever happens.
-    inner = (f"mount --bind {wheels} {rootfs}/wheels && mount -t proc proc {rootfs}/proc && "
-             f"exec chroot {rootfs} /bin/sh -c {shlex.quote(script)}")
+    w, r = shlex.quote(str(wheels)), shlex.quote(str(rootfs))
+    inner = (f"mount --bind {w} {r}/wheels && mount -t proc proc {r}/proc && "
+             f"exec chroot {r} /bin/sh -c {shlex.quote(script)}")
     try:
         r = sh("unshare", "--mount", "--propagation", "private", "sh", "-c", inner, timeout=1800,
                env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8"})

@@ -13,9 +13,11 @@ image/v1/imagev1.go CreateID), and the top one is the folder whose `json` names 
 parent. A layer is left out only when its name matches a computed digest exactly, so a format this
 script does not know costs the saving, never correctness.
 
-Usage: imagestream.py stream SPEC_JSON   (SPEC: {"image", "workers": [{"name", "ssh": [argv],
-                                          "have": [chain ids], "zstd": bool}], "size": bytes})
+Usage: imagestream.py stream SPEC_JSON   (SPEC: {"image", "store": where to read layers or null
+                                          for `docker save`, "workers": [{"name", "ssh": [argv],
+                                          "have": [chain ids], "zstd": bool}]})
        imagestream.py probe SPEC_JSON    (pipe and zstd throughput, for the compression choice)
+       imagestream.py assemble SPEC_JSON (a `docker load` archive from the layer store, to stdout)
 Lines on stdout: SOURCE how / PROGRESS name sent skipped expected wire / DONE {json per worker} / PROBE {json}.
 """
 
@@ -25,6 +27,7 @@ import gzip
 import hashlib
 import json
 import os
+import shlex
 import tarfile
 import subprocess
 import sys
@@ -127,7 +130,7 @@ class Sink:
         remote = LOAD.format("zstd -q -d -c | " if spec.get("zstd") else "")
         self.zstd = None
         self.wire = 0  # bytes that went into ssh (after zstd, when compressing)
-        self.ssh = subprocess.Popen(spec["ssh"] + ["bash -c " + quote(remote)], stdin=subprocess.PIPE,
+        self.ssh = subprocess.Popen(spec["ssh"] + ["bash -c " + shlex.quote(remote)], stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self.threads = [threading.Thread(target=self._read, daemon=True)]
         if spec.get("zstd"):
@@ -190,10 +193,6 @@ class Sink:
         return {"name": self.name, "code": code, "sent": self.sent, "wire": self.wire,
                 "skipped": self.skipped,
                 "layers_skipped": self.layers_skipped, "error": self.error, "output": list(self.tail)}
-
-
-def quote(s):
-    return "'" + s.replace("'", "'\"'\"'") + "'"
 
 
 def inspect(image):
