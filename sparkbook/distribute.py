@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .params import Node, Params
 from .parsers import parse_sections
-from .preflight import describe_differences, manifest_differences, manifest_script, parse_manifest
+from .manifest import describe_differences, manifest_differences, manifest_script, parse_manifest
 from .remote import REMOTE_DIR, Cluster, command_line, peer_ssh, sh
 from .scripts.imagestream import chain_ids
 from .progress import Progress, bar

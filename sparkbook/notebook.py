@@ -7,7 +7,9 @@ A notebook's ``parameters`` cell holds only ``params_file`` and ``run_dir`` (bot
 * opened in JupyterLab with nothing injected, the notebook reads ``$SPARKBOOK_PARAMS`` or
   ``parameters/lab.yaml``.
 
-:func:`start` handles the three and prints which parameters and which run folder are used.
+:func:`start` handles the three and prints which parameters and which run folder are used. The
+returned :class:`Context` runs the notebook's step (a module of :mod:`sparkbook.steps`, see
+:mod:`sparkbook.step`), records its outcome, gates and concludes.
 """
 
 from __future__ import annotations
@@ -26,7 +28,17 @@ import yaml
 from . import __version__
 from .params import FIELDS, Params, ParamsError, default_params_file, project_root, validate
 from .remote import Cluster
-from .verdict import Verdict
+from .step import Outcome, Step
+from .verdict import Check, Verdict
+
+
+def open_cluster(params: Params) -> Cluster:
+    """The nodes of ``params`` as a :class:`Cluster`; for the lab's parameters only while the lab
+    is up (its addresses lead nowhere on this machine while it is down)."""
+    if params.lab:
+        from .lab import require_up
+        require_up()
+    return Cluster.from_params(params)
 
 
 @dataclass
@@ -34,11 +46,54 @@ class Context:
     params: Params
     source: str
     run_dir: Path
+    step: Step | None = None
     started: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+    gated: dict[str, list[Check]] = field(default_factory=dict)
+    outcomes: list[Outcome] = field(default_factory=list)
 
     @cached_property
     def cluster(self) -> Cluster:
-        return Cluster.from_params(self.params)
+        return open_cluster(self.params)
+
+    @property
+    def name(self) -> str:
+        if self.step is None:
+            raise RuntimeError("this context has no step: sparkbook.notebook.start(globals(), step)")
+        return self.step.NAME
+
+    def record(self, outcome: Outcome) -> Outcome:
+        """Keep ``outcome`` (in the run folder, as its ``FILE``); its key numbers go into the
+        verdict. Recording an outcome of the same type again replaces it (a re-run cell)."""
+        outcome.save(self.run_dir)
+        self.outcomes = [o for o in self.outcomes if type(o) is not type(outcome)] + [outcome]
+        return outcome
+
+    def run(self, **kw: Any) -> Outcome:
+        """The step's work (``step.run(ctx, **kw)``), recorded."""
+        return self.record(self.step.run(self, **kw))  # type: ignore[union-attr]
+
+    def gate(self, checks: list[Check], key: str = "gate") -> list[Check]:
+        """Checks before the work of a step: when any failed, the step ends here (as
+        :meth:`conclude`); otherwise they are shown and become part of the final verdict."""
+        self.gated[key] = list(checks)
+        verdict = Verdict(f"{self.step.TITLE}: {key}", list(checks))  # type: ignore[union-attr]
+        if verdict.failures:
+            self.conclude()
+        _show(verdict)
+        return checks
+
+    def verdict(self, outcome: Outcome | None = None) -> Verdict:
+        """The step's verdict: the gates' checks, then the step's checks of ``outcome``."""
+        step = self.step
+        if step is None:
+            raise RuntimeError("this context has no step: sparkbook.notebook.start(globals(), step)")
+        if outcome is not None:
+            self.record(outcome)
+        checks = [c for cs in self.gated.values() for c in cs]
+        if outcome is not None:
+            checks += step.checks(self.params, outcome)
+        numbers = [kn for o in self.outcomes for kn in o.key_numbers()]
+        return Verdict(step.TITLE, checks, key_numbers=numbers)
 
     def path(self, *parts: str) -> Path:
         """A path in the run folder (its parent folders are made)."""
@@ -54,20 +109,13 @@ class Context:
         p.write_text(json.dumps(data, indent=2, default=str) + "\n")
         return p
 
-    def conclude(self, verdict: Verdict, step: str) -> None:
+    def conclude(self, outcome: Outcome | None = None) -> Verdict:
         """The last cell of a notebook: show the verdict, keep it in the run folder
-        (``verdicts/STEP.json``) and fail the cell when any check failed."""
-        verdict.save(self.path("verdicts", f"{step}.json"))
+        (``verdicts/NAME.json``, with the key numbers) and fail the cell when any check failed."""
+        verdict = self.verdict(outcome)
+        verdict.save(self.path("verdicts", f"{self.name}.json"))
         _show(verdict)
         verdict.raise_for_failures()
-
-    def gate(self, verdict: Verdict, step: str) -> Verdict:
-        """A check before the work of a step: when anything failed, the step ends here with this
-        verdict (as :meth:`conclude`); otherwise the verdict is shown and returned, to be part of
-        the final one."""
-        if verdict.failures:
-            self.conclude(verdict, step)
-        _show(verdict)
         return verdict
 
     def describe(self) -> str:
@@ -118,13 +166,13 @@ def default_run_dir(params: Params) -> Path:
     return Path(env) if env else project_root() / "outputs" / f"interactive-{params.name}"
 
 
-def start(namespace: Mapping[str, Any], quiet: bool = False) -> Context:
+def start(namespace: Mapping[str, Any], step: Step | None = None, quiet: bool = False) -> Context:
     """Validate the notebook's parameters (nothing runs on a node before this passes), choose the
-    run folder, and say which of each is used."""
+    run folder, and say which of each is used. ``step`` is the notebook's step module."""
     params, source = resolve(namespace)
     run_dir = Path(namespace.get("run_dir") or default_run_dir(params)).expanduser().resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    ctx = Context(params, source, run_dir)
+    ctx = Context(params, source, run_dir, step)
     if not quiet:
         print(ctx.describe())
     return ctx

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from . import inventory
+from .manifest import diff_manifests, manifest_script, parse_manifest
 from .params import Node, Params
 from .parsers import (listener, parse_ethtool, parse_ibdev2netdev, parse_ibstat, parse_ibv_devinfo,
                       parse_nvidia_smi_table, parse_sections)
@@ -21,67 +22,8 @@ from .tables import short_id
 from .verdict import FAIL, PASS, SKIP, WARN, Check, Verdict
 
 SKEW_WARN_S, SKEW_FAIL_S = 0.5, 2.0
-# Files whose content the model manifest hashes by default: small, and what makes two copies of a
-# model behave differently when they differ.
-CONFIG_GLOBS = ("*.json", "*.jinja", "*.txt", "*.model", "*.py", "*.tiktoken")
 # Processes that hold GPU memory when left over from an earlier run.
 STALE = r"vllm|VLLM::|raylet|gcs_server|ray::|torchrun"
-
-
-def manifest_script(path: str, hash_all: bool) -> str:
-    """Prints ``size<TAB>sha256-or-dash<TAB>relative path`` for every file of a model folder, or
-    ``absent``. Hashes config-like files (or every file)."""
-    globs = " -o ".join(f"-name '{g}'" for g in CONFIG_GLOBS)
-    hashed = "-type f" if hash_all else f"-type f \\( {globs} \\)"
-    return "\n".join([
-        sh('if [ -d {p} ]; then cd {p}', p=path),
-        "  find . -type f -printf '%s\\t-\\t%P\\n' | sort -k3",
-        f"  find . {hashed} -print0 | xargs -0 -r sha256sum | sed 's#  \\./#\\t#' | awk -F'\\t' '{{print \"#\"$2\"\\t\"$1}}'",
-        "else echo absent; fi",
-    ])
-
-
-def parse_manifest(text: str) -> dict[str, dict] | None:
-    """``{relative path: {"size": int, "sha256": str | None}}``, or None when the folder is absent."""
-    if text.strip() == "absent":
-        return None
-    files: dict[str, dict] = {}
-    hashes = {}
-    for line in text.splitlines():
-        if line.startswith("#"):
-            name, digest = line[1:].split("\t", 1)
-            hashes[name] = digest
-        elif line.count("\t") >= 2:
-            size, _, name = line.split("\t", 2)
-            files[name] = {"size": int(size), "sha256": None}
-    for name, digest in hashes.items():
-        if name in files:
-            files[name]["sha256"] = digest
-    return files
-
-
-def manifest_differences(reference: dict[str, dict], other: dict[str, dict] | None) -> dict[str, str]:
-    """``{relative path: what differs}`` of ``other`` against ``reference``: ``missing``, ``extra``,
-    ``size N instead of M`` or ``content differs``. ``other`` None (no folder): every file missing."""
-    other = other or {}
-    out = {n: "missing" for n in sorted(set(reference) - set(other))}
-    out.update({n: "extra" for n in sorted(set(other) - set(reference))})
-    for n in sorted(set(reference) & set(other)):
-        a, b = reference[n], other[n]
-        if a["size"] != b["size"]:
-            out[n] = f"size {b['size']} instead of {a['size']}"
-        elif a["sha256"] and b["sha256"] and a["sha256"] != b["sha256"]:
-            out[n] = "content differs"
-    return out
-
-
-def describe_differences(diffs: dict[str, str]) -> list[str]:
-    """:func:`manifest_differences` as lines: ``missing a``, ``extra b``, ``c (content differs)``."""
-    return [f"{what} {n}" if what in ("missing", "extra") else f"{n} ({what})" for n, what in diffs.items()]
-
-
-def diff_manifests(reference: dict[str, dict], other: dict[str, dict] | None) -> list[str]:
-    return describe_differences(manifest_differences(reference, other))
 
 
 def script(params: Params, node: Node) -> str:
@@ -117,7 +59,7 @@ def script(params: Params, node: Node) -> str:
     else:
         lines += ["echo '@@ venv'", sh("{py} -c 'import vllm; print(vllm.__version__)' 2>&1 | tail -n 1",
                                        py=f"{params.runtime.venv}/bin/python")]
-    lines += ["echo '@@ model'", manifest_script(params.model.path, params.model.verify == "all")]
+    lines += ["echo '@@ model'", manifest_script(params.model.path, params.model.verify == "all").program()]
     if node.role == "head":
         lines.append("echo '@@ peers-ssh'")
         for peer in peers:

@@ -1,6 +1,7 @@
 """Run commands on the nodes: in parallel, over one reused SSH connection per node, quoted.
 
-A command is either a sequence of arguments (quoted with :func:`shlex.join`) or a shell script
+A command is a sequence of arguments (quoted with :func:`shlex.join`), a :class:`Script` (a shell
+program of ``sparkbook/scripts/``, its values passed as arguments), or a one-line shell command
 written by sparkbook, in which every value is inserted with :func:`sh` (quoted). Nothing from a
 parameters file reaches a shell unquoted.
 
@@ -38,7 +39,56 @@ from .params import SSH, Node, Params, project_root
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 logging.getLogger("paramiko").propagate = False
 
-Command = Union[str, Sequence[str]]
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+@dataclass(frozen=True)
+class Script:
+    """A node-side shell program, ``sparkbook/scripts/NAME``, with its arguments. It runs as
+    ``bash -c TEXT NAME ARGS...`` (nothing is copied to the node; the values are ``$1``, ``$2``...,
+    never part of the program) and is shown as the command a person runs by hand on a node."""
+
+    name: str
+    args: tuple[str, ...] = ()
+
+    @property
+    def text(self) -> str:
+        return (SCRIPTS / self.name).read_text()
+
+    def __str__(self) -> str:
+        return shlex.join(["bash", f"sparkbook/scripts/{self.name}", *self.args])
+
+    def program(self) -> str:
+        """The one-line shell form that runs it without the file."""
+        return shlex.join(["bash", "-c", self.text, self.name, *self.args])
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """Several scripts in one SSH round trip, one after another, each one's output introduced by
+    a line ``@@ SECTION`` (read back with :func:`sparkbook.parsers.parse_sections`)."""
+
+    parts: tuple[tuple[str, Script], ...]
+
+    def __str__(self) -> str:
+        return "; ".join(f"echo {shlex.quote('@@ ' + sec)}; {s}" for sec, s in self.parts)
+
+    def program(self) -> str:
+        return "\n".join(f"echo {shlex.quote('@@ ' + sec)}\n{s.program()}" for sec, s in self.parts)
+
+
+def bundle(*parts: tuple[str, Script]) -> Bundle:
+    return Bundle(tuple(parts))
+
+
+def script(name: str, *args: object) -> Script:
+    """``sparkbook/scripts/NAME`` with ``args`` (each turned into a string)."""
+    if not (SCRIPTS / name).is_file():
+        raise FileNotFoundError(f"no node script {SCRIPTS / name}")
+    return Script(name, tuple(str(a) for a in args))
+
+
+Command = Union[str, Sequence[str], Script, Bundle]
 PerNode = Union[Command, Callable[[Node], Command]]
 
 # Where sparkbook puts the scripts it runs on the nodes.
@@ -54,8 +104,11 @@ def sh(template: str, **values: object) -> str:
 
 
 def command_line(cmd: Command) -> str:
-    """The shell form of a command: sequences are quoted, strings are scripts taken as written."""
-    return cmd if isinstance(cmd, str) else shlex.join(str(a) for a in cmd)
+    """The shell form of a command: sequences are quoted, strings are taken as written, a
+    :class:`Script` is shown as run by hand."""
+    if isinstance(cmd, (str, Script, Bundle)):
+        return str(cmd)
+    return shlex.join(str(a) for a in cmd)
 
 
 def peer_ssh(peer: Node) -> list[str]:
@@ -75,7 +128,12 @@ def wrap(cmd: Command, timeout: float, env: Mapping[str, str] | None = None) -> 
     parts = ["timeout", "-k", str(KILL_GRACE_S), f"{max(timeout, 1):.0f}"]
     if env:
         parts += ["env", *[f"{k}={v}" for k, v in env.items()]]
-    parts += ["bash", "-c", command_line(cmd)]
+    if isinstance(cmd, Script):
+        parts += ["bash", "-c", cmd.text, cmd.name, *cmd.args]
+    elif isinstance(cmd, Bundle):
+        parts += ["bash", "-c", cmd.program()]
+    else:
+        parts += ["bash", "-c", command_line(cmd)]
     return shlex.join(parts)
 
 
@@ -313,9 +371,6 @@ class Cluster:
 
     @classmethod
     def from_params(cls, params: Params) -> "Cluster":
-        if params.lab:  # the lab's addresses lead nowhere on this machine while it is down
-            from .lab import require_up
-            require_up()
         return cls(params.nodes, params.ssh)
 
     def _select(self, nodes: Iterable[Node | str] | None) -> list[Node]:

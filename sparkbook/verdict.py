@@ -9,14 +9,31 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Iterable
 
 from .errors import CheckFailed
 from .tables import Table
 
-PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
-STATUSES = (PASS, WARN, FAIL, SKIP)
+
+
+class Status(str, Enum):
+    """A check's outcome. A ``str`` so that JSON, tables and comparisons with "PASS" read it as text."""
+
+    PASS = "PASS"
+    WARN = "WARN"
+    FAIL = "FAIL"
+    SKIP = "SKIP"
+
+    def __str__(self) -> str:
+        return self.value
+
+    __format__ = str.__format__
+
+
+PASS, WARN, FAIL, SKIP = Status.PASS, Status.WARN, Status.FAIL, Status.SKIP
+STATUSES = tuple(Status)
 COLOURS = {PASS: "#1a7f37", WARN: "#9a6700", FAIL: "#cf222e", SKIP: "#6e7781"}
 COLUMNS = ("check", "node", "status", "observed", "expected", "remedy")
 
@@ -25,21 +42,25 @@ COLUMNS = ("check", "node", "status", "observed", "expected", "remedy")
 class Check:
     check: str
     node: str
-    status: str
+    status: Status
     observed: str = ""
     expected: str = ""
     remedy: str = ""
     command: str = ""
 
     def __post_init__(self) -> None:
-        if self.status not in STATUSES:
-            raise ValueError(f"status must be one of {STATUSES}, not {self.status!r}")
+        try:
+            self.status = Status(self.status)
+        except ValueError:
+            raise ValueError(f"status must be one of {[s.value for s in Status]}, not {self.status!r}") from None
 
 
 @dataclass
 class Verdict:
     title: str
     checks: list[Check] = field(default_factory=list)
+    # (label, value) of the numbers people look for first, from the step's outcomes (the report's)
+    key_numbers: list[tuple[str, str]] = field(default_factory=list)
 
     def add(self, *checks: Check) -> "Verdict":
         self.checks.extend(checks)
@@ -54,12 +75,12 @@ class Verdict:
         return [c for c in self.checks if c.status == FAIL]
 
     @property
-    def status(self) -> str:
+    def status(self) -> Status:
         found = {c.status for c in self.checks}
         return FAIL if FAIL in found else WARN if WARN in found else PASS
 
     def counts(self) -> dict[str, int]:
-        return {s: sum(c.status == s for c in self.checks) for s in STATUSES}
+        return {s.value: sum(c.status == s for c in self.checks) for s in Status}
 
     def headline(self) -> str:
         n = self.counts()
@@ -82,7 +103,8 @@ class Verdict:
         printer.text(self.to_text())
 
     def to_json(self) -> dict:
-        return {"title": self.title, "status": self.status, "checks": [asdict(c) for c in self.checks]}
+        return {"title": self.title, "status": self.status, "checks": [asdict(c) for c in self.checks],
+                "key_numbers": [list(kn) for kn in self.key_numbers]}
 
     def save(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,17 @@ SHARED = Path(__file__).resolve().parents[2] / "shared"
 FIELD_SAMPLES = SHARED / "field-samples"
 
 
+LAB_FIXTURES = {"lab", "params", "cluster"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test that uses the lab carries the ``lab`` marker (``pytest -m "not lab"`` leaves
+    them out), whether it says so or gets the lab through a fixture."""
+    for item in items:
+        if LAB_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.lab)
+
+
 def field_sample(name: str) -> str:
     """A real output captured on a DGX Spark (../shared/field-samples), without its two header
     lines; the test is skipped, visibly, where ../shared is absent."""

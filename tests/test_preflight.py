@@ -67,28 +67,3 @@ def test_cli_exits_1_and_names_the_remedy(lab, capsys):
         faults.heal(lab, "mtu")
     out = capsys.readouterr().out
     assert "FAIL rail mtu on spark-2: enp1s0f1np1: mtu 1500" in out and "ip link set" in out
-
-
-def test_manifest_lists_sizes_and_hashes_configs(tmp_path):
-    import subprocess
-    (tmp_path / "m" / "sub").mkdir(parents=True)
-    (tmp_path / "m" / "config.json").write_text('{"a": 1}')
-    (tmp_path / "m" / "model.safetensors").write_bytes(b"x" * 10)
-    (tmp_path / "m" / "sub" / "tokenizer.json").write_text("{}")
-    script = preflight.manifest_script(str(tmp_path / "m"), hash_all=False)
-    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout
-    m = preflight.parse_manifest(out)
-    assert m["model.safetensors"] == {"size": 10, "sha256": None}
-    assert m["config.json"]["size"] == 8 and len(m["config.json"]["sha256"]) == 64
-    assert m["sub/tokenizer.json"]["sha256"]
-    full = preflight.parse_manifest(subprocess.run(
-        ["bash", "-c", preflight.manifest_script(str(tmp_path / "m"), hash_all=True)],
-        capture_output=True, text=True, check=True).stdout)
-    assert full["model.safetensors"]["sha256"]
-    other = {**m, "config.json": {**m["config.json"], "sha256": "0" * 64}}
-    del other["sub/tokenizer.json"]
-    assert preflight.diff_manifests(m, other) == ["missing sub/tokenizer.json", "config.json (content differs)"]
-    assert preflight.manifest_differences(m, None) == {n: "missing" for n in sorted(m)}
-    absent = subprocess.run(["bash", "-c", preflight.manifest_script(str(tmp_path / "none"), False)],
-                            capture_output=True, text=True).stdout
-    assert preflight.parse_manifest(absent) is None
