@@ -15,7 +15,7 @@ the clients share two cores with the server, whose speed drifts between runs: ea
 several pairs, the two clients back to back in alternating order, and the median of the pairs'
 ratios is compared with the goals.
 
-Needs root and `sparkbook lab up`; brings vLLM up with 05's launch (kept if already serving).
+Needs root and `sparkbook lab up`; brings vLLM up with 05's serve (kept if already serving).
 
     .venv/bin/python benchmarks/bench_vs_vllm.py [--input-len 128] [--output-len 128] [--python PY]
 
@@ -37,8 +37,11 @@ import sys
 import time
 from pathlib import Path
 
-from sparkbook import bench, launch
-from sparkbook.containers import docker_run
+from sparkbook.bench import load as bench_load
+from sparkbook.serving.deploy import serve
+from sparkbook.steps import serve as serve_step
+from sparkbook.verdict import Verdict
+from sparkbook.serving.containers import docker_run
 from sparkbook.lab import Lab
 from sparkbook.notebook import default_run_dir
 from sparkbook.remote import REMOTE_DIR, Cluster, command_line
@@ -104,7 +107,7 @@ def ours(lab, params, concurrency, n, input_len, output_len, python=sys.executab
 
 def client(job: str) -> None:
     j = json.loads(job)
-    lv = bench.run_load(j["url"], j["model"], prompt_tokens=j["input_len"], output_tokens=j["output_len"],
+    lv = bench_load.run_load(j["url"], j["model"], prompt_tokens=j["input_len"], output_tokens=j["output_len"],
                         concurrency=j["concurrency"], num_requests=j["n"], seed=0, endpoint="completions",
                         warmup=1, prompt_salt="", progress=False, say=lambda *_: None)
     print("LEVEL " + json.dumps({k: v for k, v in dataclasses.asdict(lv).items() if k != "requests"}))
@@ -126,9 +129,9 @@ def main() -> None:
     params = lab.params()
     cluster = Cluster.from_params(params)
     run_dir = default_run_dir(params).parent / f"bench-vs-vllm-{time.strftime('%Y%m%dT%H%M%S')}"
-    dep = launch.serve(params, cluster, run_dir, say=print)
+    dep = serve(params, cluster, run_dir, say=print)
     if not dep.ready:
-        raise SystemExit(launch.serve_verdict(params, dep).to_text())
+        raise SystemExit(Verdict(serve_step.TITLE, serve_step.checks(params, dep)).to_text())
     print(f"sparkbook's client runs on {args.python}")
     rows = []
     for concurrency, n in LEVELS:

@@ -19,11 +19,12 @@ import argparse
 import json
 import time
 
-from sparkbook import distribute
+from sparkbook.distribution.image import ImageOutcome, distribute_image, image_checks
 from sparkbook.lab import Lab
 from sparkbook.lab.lab import docker
 from sparkbook.params import Params
 from sparkbook.remote import Cluster, command_line, peer_ssh, sh
+from sparkbook.verdict import Verdict
 
 
 def timed(fn):
@@ -36,6 +37,13 @@ def with_image(params: Params, image: str, compress: str) -> Params:
     return params.model_copy(update={
         "runtime": params.runtime.model_copy(update={"image": image}),
         "distribution": params.distribution.model_copy(update={"compress": compress})})
+
+
+def copy(params: Params, cluster: Cluster) -> tuple[float, ImageOutcome]:
+    """One timed :func:`distribute_image`, which must succeed."""
+    took, out = timed(lambda: distribute_image(params, cluster, say=lambda *_: None, show=False))
+    Verdict("image", image_checks(params, out)).raise_for_failures()
+    return took, out
 
 
 def forget(lab: Lab, node, image: str) -> None:
@@ -55,8 +63,9 @@ def main() -> None:
     head, worker = params.head, params.workers[0]
     image = params.runtime.image
     nodes = {n.name: n for n in lab.nodes()}
-    run = lambda script: cluster.run(script, [head], timeout=3600).check(script[:60])
-    size = int(run(sh("docker image inspect --format '{{{{.Size}}}}' {i}", i=image))[head.name].stdout)
+    run = lambda cmd: cluster.run(cmd, [head], timeout=3600).check(command_line(cmd)[:60])
+    size_of = lambda i: int(run(["docker", "image", "inspect", "--format", "{{.Size}}", i])[head.name].stdout)
+    size = size_of(image)
     print(f"image {image}: {size / 1e9:.2f} GB; head {head.name} -> worker {worker.name}")
 
     ssh = command_line(peer_ssh(worker))
@@ -66,30 +75,32 @@ def main() -> None:
 
     forget(lab, nodes[worker.name], image)
     tar = "/var/tmp/sparkbook-bench-image.tar"
-    save_s, _ = timed(lambda: run(sh("docker save -o {t} {i}", t=tar, i=image)))
+    save_s, _ = timed(lambda: run(["docker", "save", "-o", tar, image]))
     load_s, _ = timed(lambda: run(sh("cat {t} | ", t=tar) + ssh + " docker load"))
-    run(sh("rm -f {t}", t=tar))
+    run(["rm", "-f", tar])
     base = save_s + load_s
     print(f"baseline: save -o {save_s:.1f} s + cat | ssh | load {load_s:.1f} s = {base:.1f} s")
 
     forget(lab, nodes[worker.name], image)
     p = with_image(params, image, args.compress)
-    cold_s, cold = timed(lambda: distribute.distribute_image(p, cluster, say=lambda *_: None, show=False))
-    distribute.image_verdict(p, cold).raise_for_failures()
+    cold_s, cold = copy(p, cluster)
     print(f"sparkbook cold: {cold_s:.1f} s, {cold.transfers[0].wire / 1e9:.2f} GB on the wire "
           f"({cold.probe.get('decision')})")
 
     # the next version: the same image plus a new top layer of random bytes
     nxt = image.rsplit(":", 1)[0] + ":bench-next"
-    run("d=$(mktemp -d) && head -c " + str(args.update_mb << 20) + ' /dev/urandom > "$d"/update.bin && '
-        + sh('printf "FROM %s\\nCOPY update.bin /opt/update.bin\\n" {i} > "$d"/Dockerfile && ', i=image)
-        + sh('docker build -q -t {n} "$d" && rm -rf "$d"', n=nxt))
-    layer = int(run(sh("docker image inspect --format '{{{{.Size}}}}' {n}", n=nxt))[head.name].stdout) - size
+    build = "/var/tmp/sparkbook-bench-next"
+    run(["mkdir", "-p", build])
+    run(["dd", "if=/dev/urandom", f"of={build}/update.bin", "bs=1M", f"count={args.update_mb}",
+         "iflag=fullblock", "status=none"])
+    cluster.put_bytes(f"FROM {image}\nCOPY update.bin /opt/update.bin\n".encode(), f"{build}/Dockerfile",
+                      [head]).check("write the Dockerfile")
+    run(["docker", "build", "-q", "-t", nxt, build])
+    run(["rm", "-rf", build])
+    layer = size_of(nxt) - size
     p = with_image(params, nxt, args.compress)
-    upd_s, upd = timed(lambda: distribute.distribute_image(p, cluster, say=lambda *_: None, show=False))
-    distribute.image_verdict(p, upd).raise_for_failures()
-    same_s, same = timed(lambda: distribute.distribute_image(p, cluster, say=lambda *_: None, show=False))
-    distribute.image_verdict(p, same).raise_for_failures()
+    upd_s, upd = copy(p, cluster)
+    same_s, _ = copy(p, cluster)
     for n in (head, worker):
         docker(nodes[n.name], "rmi", nxt, check=False)
     wire = upd.transfers[0].wire

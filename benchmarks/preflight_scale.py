@@ -17,7 +17,15 @@ import time
 
 from sparkbook import preflight, remote
 from sparkbook.lab import Lab
-from sparkbook.params import load
+from sparkbook.params import Params, load
+from sparkbook.remote import Cluster
+from sparkbook.steps import preflight as step
+from sparkbook.verdict import Verdict
+
+
+def run(params: Params) -> Verdict:
+    """Preflight as `sparkbook preflight` runs it: gather, then check."""
+    return Verdict(step.TITLE, step.checks(params, preflight.gather(params, Cluster.from_params(params))))
 
 
 def measure(lab: Lab, n: int, repeat: int) -> tuple[float, float, int, float]:
@@ -28,13 +36,13 @@ def measure(lab: Lab, n: int, repeat: int) -> tuple[float, float, int, float]:
         if i == 0:
             remote.close_all()  # the first run opens every connection
         t = time.perf_counter()
-        verdict, _ = preflight.run(params)
+        verdict = run(params)
         times.append(time.perf_counter() - t)
     assert not verdict.failures, verdict.to_text()
     # the same checks one node at a time: what the fan-out saves
     serial = params.model_copy(update={"ssh": params.ssh.model_copy(update={"parallel": 1})})
     t = time.perf_counter()
-    preflight.run(serial)
+    run(serial)
     one_by_one = time.perf_counter() - t
     return times[0], statistics.median(times[1:]), len(verdict.checks), one_by_one
 

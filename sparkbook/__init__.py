@@ -3,7 +3,7 @@ deployment across them, and keeps a shareable record of every step."""
 
 __version__ = "0.1.0"
 
-from . import notebook
+from . import notebook, step
 from .errors import CheckFailed, SparkbookError
 from .params import Params, ParamsError, load as load_params
 from .remote import Cluster, Result, Results, sh

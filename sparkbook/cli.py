@@ -8,7 +8,7 @@ from pathlib import Path
 
 from . import __version__
 from .errors import SparkbookError
-from .lab.lab import FAULTS
+from .lab.nodes import FAULTS
 from .params import default_params_file
 
 
@@ -52,8 +52,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_preflight(args: argparse.Namespace) -> int:
     from . import preflight
+    from .notebook import open_cluster
     from .params import load
-    verdict, _ = preflight.run(load(_params(args)))
+    from .steps import preflight as step
+    from .verdict import Verdict
+    params = load(_params(args))
+    verdict = Verdict(step.TITLE, step.checks(params, preflight.gather(params, open_cluster(params))))
     print(verdict.to_text())
     for c in verdict.failures:
         print(f"FAIL {c.check} on {c.node}: {c.observed}\n  remedy: {c.remedy}")

@@ -1,5 +1,5 @@
-"""02_collectives: an all-reduce bandwidth sweep across all nodes, inside the serving image, so it
-tests the torch and NCCL (or gloo) that vLLM will use; with a hard timeout that places a hang.
+"""The all-reduce bandwidth sweep of 02_collectives across all nodes, inside the serving image, so
+it tests the torch and NCCL (or gloo) that vLLM will use; with a hard timeout that places a hang.
 
 One container per node runs torchrun (one process per GPU; one per node with gloo), rendezvous on
 the head's first fabric address. Rank 0 prints the results; every rank prints the phase it reached.
@@ -13,13 +13,14 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
-from .containers import docker_run
+from .serving.containers import docker_run
 from .params import Node, Params
 from .parsers import nccl_transport, parse_nccl_log
 from .remote import REMOTE_DIR, Cluster
-from .tables import human_bytes
-from .verdict import FAIL, PASS, SKIP, WARN, Check, Verdict
+from .tables import Table, human_bytes
+from .verdict import FAIL, PASS, SKIP, WARN, Check
 
 CONTAINER = "sparkbook-collectives"
 SCRIPT = Path(__file__).parent / "scripts" / "allreduce.py"
@@ -54,7 +55,9 @@ def command(params: Params, node: Node) -> list[str]:
 
 
 @dataclass
-class Outcome:
+class Sweep:
+    """What the sweep found: rank 0's result (None when it did not finish), and every node's log,
+    the phase its ranks reached and NCCL's choices read from the log."""
     backend: str
     result: dict | None = None
     logs: dict[str, str] = field(default_factory=dict)
@@ -64,6 +67,11 @@ class Outcome:
     exit_codes: dict[str, int | None] = field(default_factory=dict)
     duration_s: float = 0.0
     left_running: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        """What ``collectives.json`` keeps (the logs are in ``logs/NODE/collectives.log``)."""
+        return {"backend": self.backend, "result": self.result, "phases": self.phases,
+                "timed_out": self.timed_out, "duration_s": self.duration_s, "nccl": self.nccl}
 
 
 def last_phase(log: str) -> str:
@@ -76,10 +84,10 @@ def last_phase(log: str) -> str:
 
 
 def run(params: Params, cluster: Cluster, run_dir: Path | None = None, omit: tuple[str, ...] = (),
-        say=print) -> Outcome:
+        say: Callable[[str], object] = print) -> Sweep:
     """Run the sweep; ``omit`` leaves nodes out (their ranks never join: a drill for the hang
     diagnosis). Always removes the containers and collects every node's log."""
-    out = Outcome(backend(params))
+    out = Sweep(backend(params))
     nodes = params.nodes
     cluster.run(["mkdir", "-p", REMOTE_DIR]).check("make the script folder on the nodes")
     cluster.put(SCRIPT, f"{REMOTE_DIR}/allreduce.py").check("copy the all-reduce script to the nodes")
@@ -132,7 +140,7 @@ def run(params: Params, cluster: Cluster, run_dir: Path | None = None, omit: tup
     return out
 
 
-def diagnose(params: Params, out: Outcome) -> tuple[str, str]:
+def diagnose(params: Params, out: Sweep) -> tuple[str, str]:
     """Where a failed sweep stopped, and the likely cause."""
     stuck = {n: p for n, p in out.phases.items() if p != "done"}
     phase = min(stuck.values(), key=lambda p: PHASES.index(p) if p in PHASES else -1) if stuck else "done"
@@ -155,75 +163,82 @@ def diagnose(params: Params, out: Outcome) -> tuple[str, str]:
             f"time limit (collectives.timeout_s) too short for the largest size.{hint}")
 
 
-def verdict(params: Params, out: Outcome) -> Verdict:
-    v = Verdict("02 collectives")
+def checks(params: Params, out: Sweep) -> list[Check]:
+    """The sweep finished, its values are right, its bandwidth meets the expectation, and the
+    transport NCCL chose on every node."""
+    found: list[Check] = []
     e = params.expectations
     addr, port = master(params)
     if out.left_running:
-        v.add(Check("cleanup", ", ".join(out.left_running), FAIL, "the all-reduce container is still there",
-                    "removed", f"docker rm -f {CONTAINER}"))
+        found.append(Check("cleanup", ", ".join(out.left_running), FAIL,
+                           "the all-reduce container is still there", "removed",
+                           f"docker rm -f {CONTAINER}"))
     if out.result is None:
         phase, cause = diagnose(params, out)
         what = f"no result after {out.duration_s:.0f} s" + (" (time limit reached)" if out.timed_out else "")
-        v.add(Check("all-reduce", "all", FAIL, f"{what}; stuck in: {phase}; "
-                    + ", ".join(f"{n}: {p}" for n, p in out.phases.items()),
-                    "every rank finishes the sweep", cause,
-                    f"torchrun ... --master-addr={addr} --master-port={port} allreduce.py (logs in logs/<node>/)"))
-        return v
+        found.append(Check("all-reduce", "all", FAIL, f"{what}; stuck in: {phase}; "
+                           + ", ".join(f"{n}: {p}" for n, p in out.phases.items()),
+                           "every rank finishes the sweep", cause,
+                           f"torchrun ... --master-addr={addr} --master-port={port} allreduce.py "
+                           "(logs in logs/<node>/)"))
+        return found
     rows = out.result["rows"]
     bad = [r["bytes"] for r in rows if not r["correct"]]
-    v.add(Check("all-reduce", "all", PASS, f"{len(rows)} sizes, world size {out.result['world_size']}, "
-                f"{out.backend}, {out.duration_s:.0f} s", "every rank finishes the sweep"))
-    v.add(Check("reduced values", "all", FAIL if bad else PASS,
-                f"wrong at {', '.join(human_bytes(b) for b in bad)}" if bad else "correct at every size",
-                "sum of (rank+1) in every element", "a data corruption on the fabric or a broken "
-                "NCCL build: rerun, then test each rail alone" if bad else ""))
+    found.append(Check("all-reduce", "all", PASS, f"{len(rows)} sizes, world size "
+                       f"{out.result['world_size']}, {out.backend}, {out.duration_s:.0f} s",
+                       "every rank finishes the sweep"))
+    found.append(Check("reduced values", "all", FAIL if bad else PASS,
+                       f"wrong at {', '.join(human_bytes(b) for b in bad)}" if bad else "correct at every size",
+                       "sum of (rank+1) in every element", "a data corruption on the fabric or a broken "
+                       "NCCL build: rerun, then test each rail alone" if bad else ""))
     top = rows[-1]["busbw_gbs"]
     bar = e.busbw_gbps
     status = PASS if top >= bar else WARN if top >= bar / 2 else FAIL
-    v.add(Check("bus bandwidth", "all", status, f"{top:.3f} GB/s busbw at {human_bytes(rows[-1]['bytes'])}",
-                f"≥ {bar} GB/s (expectations.busbw_gbps)",
-                "" if status == PASS else "check the transport below, the link rate and MTU "
-                "(01_preflight), and that no other traffic shares the rails"))
-    for node in params.nodes:
-        if out.backend != "nccl":
-            v.add(Check("transport", node.name, SKIP, "gloo over TCP on the fabric rail (no GPUs)",
-                        "NET/IB over RoCE with NCCL"))
-            continue
-        parsed = out.nccl[node.name]
-        kind = nccl_transport(parsed)
-        fabric = any(r.hca for r in node.rails)
-        if kind == "intra-node":
-            v.add(Check("transport", node.name, PASS, f"P2P/SHM only ({', '.join(parsed['channels'])}): "
-                        "every peer on the same host", "RDMA (NET/IB) between hosts"))
-        elif kind == "rdma":
-            v.add(Check("transport", node.name, PASS, f"NCCL {parsed['network']} via {', '.join(parsed['hcas']) or 'HCAs'}",
-                        "RDMA (NET/IB)"))
-        elif kind == "socket" and fabric:
-            v.add(Check("transport", node.name, FAIL, f"socket fallback (NET/Socket over "
-                        f"{', '.join(parsed['socket_ifs']) or '?'}), about 8x slower on Sparks",
-                        "RDMA (NET/IB) over the configured HCAs",
-                        "NCCL found no usable HCA: check /dev/infiniband in the container (runtime.rdma), "
-                        "NCCL_IB_HCA, libibverbs in the image and the rails (01_preflight)"))
-        else:
-            v.add(Check("transport", node.name, WARN if fabric else PASS,
-                        f"NCCL network {parsed['network'] or 'unknown'}", "RDMA (NET/IB)"))
-    return v
+    found.append(Check("bus bandwidth", "all", status,
+                       f"{top:.3f} GB/s busbw at {human_bytes(rows[-1]['bytes'])}",
+                       f"≥ {bar} GB/s (expectations.busbw_gbps)",
+                       "" if status == PASS else "check the transport below, the link rate and MTU "
+                       "(01_preflight), and that no other traffic shares the rails"))
+    return found + [transport_check(out, node) for node in params.nodes]
 
 
-def save(out: Outcome, run_dir: Path) -> None:
-    """Results as JSON and CSV in the run folder."""
-    (run_dir / "collectives.json").write_text(json.dumps({
-        "backend": out.backend, "result": out.result, "phases": out.phases, "timed_out": out.timed_out,
-        "duration_s": out.duration_s, "nccl": out.nccl}, indent=2))
-    if out.result:
-        with (run_dir / "collectives.csv").open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(out.result["rows"][0]))
-            w.writeheader()
-            w.writerows(out.result["rows"])
+def transport_check(out: Sweep, node: Node) -> Check:
+    """The transport NCCL chose on ``node``, read from its log: RDMA, P2P/SHM only, or a socket
+    fallback."""
+    if out.backend != "nccl":
+        return Check("transport", node.name, SKIP, "gloo over TCP on the fabric rail (no GPUs)",
+                     "NET/IB over RoCE with NCCL")
+    parsed = out.nccl[node.name]
+    kind = nccl_transport(parsed)
+    fabric = any(r.hca for r in node.rails)
+    if kind == "intra-node":
+        return Check("transport", node.name, PASS, f"P2P/SHM only ({', '.join(parsed['channels'])}): "
+                     "every peer on the same host", "RDMA (NET/IB) between hosts")
+    if kind == "rdma":
+        return Check("transport", node.name, PASS,
+                     f"NCCL {parsed['network']} via {', '.join(parsed['hcas']) or 'HCAs'}", "RDMA (NET/IB)")
+    if kind == "socket" and fabric:
+        return Check("transport", node.name, FAIL, f"socket fallback (NET/Socket over "
+                     f"{', '.join(parsed['socket_ifs']) or '?'}), about 8x slower on Sparks",
+                     "RDMA (NET/IB) over the configured HCAs",
+                     "NCCL found no usable HCA: check /dev/infiniband in the container (runtime.rdma), "
+                     "NCCL_IB_HCA, libibverbs in the image and the rails (01_preflight)")
+    return Check("transport", node.name, WARN if fabric else PASS,
+                 f"NCCL network {parsed['network'] or 'unknown'}", "RDMA (NET/IB)")
 
 
-def plot(params: Params, out: Outcome, path: Path | None = None):
+def write_csv(out: Sweep, path: Path) -> Path | None:
+    """The sweep's rows as CSV (nothing when it did not finish)."""
+    if not out.result:
+        return None
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(out.result["rows"][0]))
+        w.writeheader()
+        w.writerows(out.result["rows"])
+    return path
+
+
+def plot(params: Params, out: Sweep, path: Path | None = None):
     """busbw against message size (log x), with the expectation."""
     import matplotlib.pyplot as plt
     if not out.result:
@@ -247,9 +262,8 @@ def plot(params: Params, out: Outcome, path: Path | None = None):
     return fig
 
 
-def table(out: Outcome):
-    from .tables import Table
-    rows = (out.result or {}).get("rows", [])
+def table(out: Sweep | None) -> Table:
+    rows = ((out and out.result) or {}).get("rows", [])
     return Table(["size", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "correct"],
                  [[human_bytes(r["bytes"]), f"{r['time_us']:.1f}", f"{r['algbw_gbs']:.3f}",
                    f"{r['busbw_gbs']:.3f}", r["correct"]] for r in rows], title="all-reduce sweep")

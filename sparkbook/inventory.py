@@ -1,52 +1,56 @@
-"""00_inventory: the facts of every node, gathered in one round trip per node."""
+"""The facts of every node, gathered by ``scripts/inventory.sh`` in one round trip per node: read
+by 00_inventory, and by preflight (01) as part of its own round trip."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from dataclasses import dataclass
+from typing import ClassVar, TypedDict
 
 from .params import Params
 from .parsers import parse_key_values, parse_nvidia_smi_csv, parse_sections
-from .remote import Cluster, Result, sh
+from .remote import Cluster, Script, script
+from .step import Outcome
 from .tables import Table
-from .verdict import FAIL, PASS, WARN, Check, Verdict
-
-GPU_FIELDS = ["name", "driver_version", "memory.total"]
-
-# Free space of the filesystem that holds PATH, or of its nearest existing parent (the model
-# directory may not exist yet).
-_DF = 'p={path}; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; df -Pk "$p" | awk \'NR==2 {{print $4}}\''
+from .verdict import FAIL, PASS, WARN, Check
 
 
-def script(params: Params) -> str:
-    """One bash script printing every fact as sections; every value from the parameters is quoted."""
-    docker_root = params.runtime.docker_root
-    return "\n".join([
-        "export LC_ALL=C",
-        "echo '@@ facts'",
-        'echo "hostname=$(hostname)"',
-        '( . /etc/os-release 2>/dev/null; echo "os=${PRETTY_NAME:-unknown}" )',
-        'echo "kernel=$(uname -r)"',
-        'echo "arch=$(uname -m)"',
-        'echo "cpus=$(nproc)"',
-        "awk '/^MemTotal:/ {print \"mem_total_kb=\"$2} /^MemAvailable:/ {print \"mem_available_kb=\"$2}' /proc/meminfo",
-        'echo "model_disk_free_kb=$(' + sh(_DF, path=params.model.path) + ')"',
-        "if command -v docker >/dev/null 2>&1; then",
-        # one call: version, data root and runtimes ('|' does not occur in them)
-        "  info=$(docker info --format '{{.ServerVersion}}|{{.DockerRootDir}}|{{json .Runtimes}}' 2>/dev/null)",
-        '  v=${info%%|*}; echo "docker_version=${v:-daemon unreachable}"',
-        '  rest=${info#*|}; root=${rest%%|*}; [ -n "$info" ] || root=""',
-        *(["  root=" + sh("{r}", r=docker_root)] if docker_root else []),
-        '  [ -n "$root" ] && echo "docker_root=$root" && echo "docker_disk_free_kb=$(' + _DF.format(path='"$root"') + ')"',
-        '  [ -n "$info" ] && echo "docker_runtimes=${rest#*|}"',
-        "else echo docker_version=absent; fi",
-        "echo '@@ gpu'",
-        "if command -v nvidia-smi >/dev/null 2>&1; then",
-        "  err=$(mktemp)",
-        f"  nvidia-smi --query-gpu={','.join(GPU_FIELDS)} --format=csv,noheader 2>\"$err\" ||"
-        ' echo "nvidia-smi failed: $(tail -n 1 "$err")"; rm -f "$err"',
-        "else echo 'nvidia-smi absent'; fi",
-    ])
+class NodeFacts(TypedDict, total=False):
+    """One node's facts (every key is set for a node that answered). Sizes in GB (GiB)."""
+    hostname: str | None
+    os: str | None
+    kernel: str | None
+    arch: str | None
+    cpus: int | None
+    memory_gb: float | None
+    memory_available_gb: float | None
+    model_disk_free_gb: float | None
+    docker: str | None  # the version, "absent" or "daemon unreachable"
+    docker_root: str | None
+    docker_disk_free_gb: float | None
+    docker_runtimes: list[str]
+    gpu_problem: str | None  # why no GPU could be listed (nvidia-smi's own words)
+    gpus: int
+    gpu_name: str | None
+    driver: str | None
+    gpu_memory: str | None  # "unified (N GB system)" on GB10
+
+
+class NodeRow(NodeFacts):
+    """A row of the inventory: a node and, when it answered, its facts."""
+    node: str
+    role: str
+    reachable: bool
+
+
+COLUMNS = ["node", "role", "reachable", "hostname", "os", "kernel", "arch", "cpus", "memory_gb",
+           "memory_available_gb", "model_disk_free_gb", "docker", "docker_runtimes",
+           "docker_disk_free_gb", "gpus", "gpu_name", "driver", "gpu_memory"]
+
+
+def node_script(params: Params) -> Script:
+    """``inventory.sh MODEL_DIR DOCKER_ROOT``: sections ``facts`` and ``gpu``."""
+    return script("inventory.sh", params.model.path, params.runtime.docker_root or "")
 
 
 def _gb(kb: str | None) -> float | None:
@@ -56,11 +60,11 @@ def _gb(kb: str | None) -> float | None:
         return None
 
 
-def parse(stdout: str) -> dict[str, Any]:
-    """The facts of one node from the script's output."""
+def parse(stdout: str) -> NodeFacts:
+    """The facts of one node from the output of ``inventory.sh`` (other sections are ignored)."""
     sections = parse_sections(stdout)
     kv = parse_key_values(sections.get("facts", ""))
-    facts: dict[str, Any] = {
+    facts: NodeFacts = {
         "hostname": kv.get("hostname"), "os": kv.get("os"), "kernel": kv.get("kernel"),
         "arch": kv.get("arch"), "cpus": int(kv["cpus"]) if kv.get("cpus", "").isdigit() else None,
         "memory_gb": _gb(kv.get("mem_total_kb")), "memory_available_gb": _gb(kv.get("mem_available_kb")),
@@ -75,68 +79,78 @@ def parse(stdout: str) -> dict[str, Any]:
     gpu = sections.get("gpu", "")
     facts["gpu_problem"] = None
     try:
-        gpus = parse_nvidia_smi_csv(gpu, GPU_FIELDS) if gpu and not gpu.startswith("nvidia-smi") else []
+        gpus = parse_nvidia_smi_csv(gpu) if gpu and not gpu.startswith("nvidia-smi") else []
     except ValueError:
         gpus = []
         facts["gpu_problem"] = gpu.strip().splitlines()[-1][:200] if gpu.strip() else "no output"
     if gpu.startswith("nvidia-smi"):
         facts["gpu_problem"] = gpu.strip()
     facts["gpus"] = len(gpus)
-    facts["gpu_name"] = ", ".join(sorted({g["name"] for g in gpus if g["name"]})) or None
-    facts["driver"] = ", ".join(sorted({g["driver_version"] for g in gpus if g["driver_version"]})) or None
+    facts["gpu_name"] = ", ".join(sorted({g["name"] for g in gpus if g.get("name")})) or None
+    facts["driver"] = ", ".join(sorted({g["driver_version"] for g in gpus if g.get("driver_version")})) or None
     # GB10 has no separate GPU memory (nvidia-smi says [N/A]): the unified memory is the system's
-    totals = [g["memory.total"] for g in gpus if g["memory.total"]]
+    totals = [t for g in gpus if (t := g.get("memory.total"))]
     facts["gpu_memory"] = ", ".join(totals) if totals else (
         f"unified ({facts['memory_gb']} GB system)" if gpus else None)
     return facts
 
 
-def gather(params: Params, cluster: Cluster | None = None) -> tuple[list[dict[str, Any]], dict[str, Result]]:
-    """Facts of every node (in parallel), and the raw results."""
-    cluster = cluster or Cluster.from_params(params)
-    results = cluster.run(script(params), timeout=min(params.ssh.command_timeout, 60))
-    rows = []
+@dataclass
+class Inventory(Outcome):
+    """The facts of every node; ``inventory.json`` holds the rows."""
+
+    FILE: ClassVar[str] = "inventory.json"
+    rows: list[NodeRow]
+    errors: dict[str, str]  # node -> why it could not be reached (SSH)
+    command: str  # what ran on every node, as a person runs it there
+
+    def to_json(self) -> list[NodeRow]:  # type: ignore[override]  # the file holds a list
+        return self.rows
+
+
+def gather(params: Params, cluster: Cluster) -> Inventory:
+    """The facts of every node, in parallel."""
+    cmd = node_script(params)
+    results = cluster.run(cmd, timeout=min(params.ssh.command_timeout, 60))
+    rows: list[NodeRow] = []
     for node in params.nodes:
         r = results[node.name]
-        row: dict[str, Any] = {"node": node.name, "role": node.role, "reachable": r.error is None}
+        row: NodeRow = {"node": node.name, "role": node.role, "reachable": r.error is None}
         if r.error is None:
             row.update(parse(r.stdout))
         rows.append(row)
-    return rows, results
+    errors = {name: r.error for name, r in results.items() if r.error}
+    return Inventory(rows, errors, str(cmd))
 
 
-def verdict(params: Params, rows: list[dict[str, Any]], results: dict[str, Result]) -> Verdict:
-    v = Verdict("00 inventory")
-    for node, row in zip(params.nodes, rows):
-        r = results[node.name]
-        if r.error:
-            v.add(Check("reachable", node.name, FAIL, r.error, "an SSH session",
-                        "fix the node's host/user/key in the parameters or its sshd; see the message",
-                        r.command.splitlines()[0] + " ..."))
+def checks(params: Params, inv: Inventory) -> list[Check]:
+    """Every node answers; GPUs as expected and versions alike are warnings here (preflight
+    checks them properly)."""
+    out = []
+    for node, row in zip(params.nodes, inv.rows):
+        error = inv.errors.get(node.name)
+        if error:
+            out.append(Check("reachable", node.name, FAIL, error, "an SSH session",
+                             "fix the node's host/user/key in the parameters or its sshd; see the message",
+                             inv.command))
             continue
-        v.add(Check("reachable", node.name, PASS, f"{row['hostname']} ({row['arch']}, {row['os']})"))
+        out.append(Check("reachable", node.name, PASS, f"{row['hostname']} ({row['arch']}, {row['os']})"))
         want = params.gpus_of(node)
         if want:
             got, name = row["gpus"], row["gpu_name"]
             expected = f"{want} x {params.expectations.gpu_name or 'GPU'}"
             ok = got == want and (not params.expectations.gpu_name or name == params.expectations.gpu_name)
-            v.add(Check("gpu", node.name, PASS if ok else WARN,
-                        f"{got} x {name}" if got else (row["gpu_problem"] or "no GPU"), expected,
-                        "" if ok else "preflight checks the GPU in detail; see 01_preflight"))
+            out.append(Check("gpu", node.name, PASS if ok else WARN,
+                             f"{got} x {name}" if got else (row["gpu_problem"] or "no GPU"), expected,
+                             "" if ok else "preflight checks the GPU in detail; see 01_preflight"))
+    up = [row for row in inv.rows if row["reachable"]]
     for fact in ("arch", "os", "kernel", "driver", "docker"):
-        seen = {row.get(fact) for row in rows if row["reachable"]}
-        if len(seen) > 1:
-            v.add(Check(f"same {fact}", "all", WARN, " / ".join(
-                f"{row['node']}: {row.get(fact)}" for row in rows if row["reachable"]),
-                "the same on every node", f"align the {fact} across nodes"))
-    return v
+        if len({row.get(fact) for row in up}) > 1:
+            out.append(Check(f"same {fact}", "all", WARN, " / ".join(f"{row['node']}: {row.get(fact)}" for row in up),
+                             "the same on every node", f"align the {fact} across nodes"))
+    return out
 
 
-def table(rows: list[dict[str, Any]]) -> Table:
+def table(rows: list[NodeRow]) -> Table:
     return Table(COLUMNS, [[", ".join(v) if isinstance(v := r.get(c), list) else v for c in COLUMNS]
                            for r in rows], title="Nodes")
-
-
-COLUMNS = ["node", "role", "reachable", "hostname", "os", "kernel", "arch", "cpus", "memory_gb",
-           "memory_available_gb", "model_disk_free_gb", "docker", "docker_runtimes",
-           "docker_disk_free_gb", "gpus", "gpu_name", "driver", "gpu_memory"]

@@ -72,7 +72,7 @@ class Context:
         """The step's work (``step.run(ctx, **kw)``), recorded."""
         return self.record(self.step.run(self, **kw))  # type: ignore[union-attr]
 
-    def gate(self, checks: list[Check], key: str = "gate") -> list[Check]:
+    def gate(self, checks: list[Check], key: str = "gate") -> None:
         """Checks before the work of a step: when any failed, the step ends here (as
         :meth:`conclude`); otherwise they are shown and become part of the final verdict."""
         self.gated[key] = list(checks)
@@ -80,7 +80,6 @@ class Context:
         if verdict.failures:
             self.conclude()
         _show(verdict)
-        return checks
 
     def verdict(self, outcome: Outcome | None = None) -> Verdict:
         """The step's verdict: the gates' checks, then the step's checks of ``outcome``."""
@@ -109,14 +108,13 @@ class Context:
         p.write_text(json.dumps(data, indent=2, default=str) + "\n")
         return p
 
-    def conclude(self, outcome: Outcome | None = None) -> Verdict:
+    def conclude(self, outcome: Outcome | None = None) -> None:
         """The last cell of a notebook: show the verdict, keep it in the run folder
         (``verdicts/NAME.json``, with the key numbers) and fail the cell when any check failed."""
         verdict = self.verdict(outcome)
         verdict.save(self.path("verdicts", f"{self.name}.json"))
         _show(verdict)
         verdict.raise_for_failures()
-        return verdict
 
     def describe(self) -> str:
         p = self.params

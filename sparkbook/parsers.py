@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+from typing import TypedDict
 
 NOT_AVAILABLE = ("[N/A]", "N/A", "[Not Supported]", "Not Supported", "")
 
@@ -13,7 +14,11 @@ def _value(v: str) -> str | None:
     return None if v in NOT_AVAILABLE else v
 
 
-def parse_nvidia_smi_csv(text: str, fields: list[str] | None = None) -> list[dict[str, str | None]]:
+# One row of ``nvidia-smi --query-gpu`` CSV: the queried fields (as the header names them) -> value.
+CsvRow = dict[str, str | None]
+
+
+def parse_nvidia_smi_csv(text: str, fields: list[str] | None = None) -> list[CsvRow]:
     """Rows of ``nvidia-smi --query-gpu=... --format=csv[,noheader]``.
 
     With a header line the keys come from it (``memory.total [MiB]`` becomes ``memory.total``);
@@ -63,22 +68,46 @@ def parse_key_values(text: str) -> dict[str, str]:
 # ---------------------------------------------------------------------------------------------
 # nvidia-smi, plain table. Real GB10 tables: ../shared/field-samples/nvidia-smi-{1..6}.txt.
 
+class SmiGpu(TypedDict):
+    index: int
+    name: str
+    bus_id: str
+    memory: str | None  # usage as printed ("0MiB / 143771MiB"); None on GB10 (not supported)
+    util_percent: int | None
+
+
+class SmiProcess(TypedDict):
+    gpu: int
+    pid: int
+    type: str  # C (compute), G (graphics), C+G
+    name: str
+    memory_mib: int
+
+
+class SmiTable(TypedDict):
+    driver: str | None
+    cuda: str | None
+    gpus: list[SmiGpu]
+    processes: list[SmiProcess]
+
+
 _SMI_HEADER = re.compile(r"NVIDIA-SMI\s+(\S+)\s+Driver Version:\s+(\S+)\s+CUDA Version:\s+(\S+)")
 _SMI_GPU = re.compile(r"^\|\s+(\d+)\s+(.+?)\s+(On|Off)\s+\|\s+(\S+)\s+(On|Off)\s+\|")
 _SMI_MEM = re.compile(r"^\|\s+\S+\s+\S+\s+\S+\s+.*?\|\s+(.+?)\s+\|\s+(\d+)%")
 _SMI_PROC = re.compile(r"^\|\s+(\d+)\s+(\S+)\s+(\S+)\s+(\d+)\s+(\S+)\s+(.+?)\s+(\d+)MiB\s+\|$")
 
 
-def parse_nvidia_smi_table(text: str) -> dict:
+def parse_nvidia_smi_table(text: str) -> SmiTable:
     """Driver and CUDA versions, GPUs (index, name, bus id, memory usage as printed, utilisation)
     and processes (gpu, pid, type, name, MiB) of the plain ``nvidia-smi`` table."""
-    out: dict = {"driver": None, "cuda": None, "gpus": [], "processes": []}
+    out: SmiTable = {"driver": None, "cuda": None, "gpus": [], "processes": []}
     lines = text.splitlines()
     for i, line in enumerate(lines):
         if m := _SMI_HEADER.search(line):
             out["driver"], out["cuda"] = m[2], m[3]
         elif m := _SMI_GPU.match(line):
-            gpu = {"index": int(m[1]), "name": m[2], "bus_id": m[4], "memory": None, "util_percent": None}
+            gpu: SmiGpu = {"index": int(m[1]), "name": m[2], "bus_id": m[4], "memory": None,
+                           "util_percent": None}
             if i + 1 < len(lines) and (mm := _SMI_MEM.match(lines[i + 1])):
                 gpu["memory"] = _value(mm[1])
                 gpu["util_percent"] = int(mm[2])
@@ -95,9 +124,16 @@ def parse_nvidia_smi_table(text: str) -> dict:
 _IBDEV = re.compile(r"^(\S+)\s+port\s+(\d+)\s+==>\s+(\S+)\s+\((\w+)\)")
 
 
-def parse_ibdev2netdev(text: str) -> dict[str, dict]:
+class RailMap(TypedDict):
+    """An HCA's port and the netdev it drives (one ibdev2netdev line)."""
+    port: int
+    netdev: str
+    up: bool
+
+
+def parse_ibdev2netdev(text: str) -> dict[str, RailMap]:
     """``{hca: {"port": 1, "netdev": "enp1s0f1np1", "up": True}}``."""
-    out = {}
+    out: dict[str, RailMap] = {}
     for line in text.splitlines():
         if m := _IBDEV.match(line.strip()):
             out[m[1]] = {"port": int(m[2]), "netdev": m[3], "up": m[4].lower() == "up"}
@@ -105,12 +141,33 @@ def parse_ibdev2netdev(text: str) -> dict[str, dict]:
 
 
 # ---------------------------------------------------------------------------------------------
+# HCAs and their ports, as ibv_devinfo and ibstat print them: the fields named here are those
+# sparkbook reads; every other field the tool prints is kept too, under its own name.
+
+class IbPort(TypedDict, total=False):
+    state: str  # ibv_devinfo: PORT_ACTIVE, PORT_DOWN; ibstat: Active, Down
+    phys_state: str  # ibv_devinfo, where it prints one (first word only)
+    physical_state: str  # ibstat: LinkUp, Disabled
+    rate: int | None  # ibstat, Gb/s
+    active_mtu: int  # ibv_devinfo
+    max_mtu: int  # ibv_devinfo
+    link_layer: str
+
+
+class IbDevice(TypedDict, total=False):
+    ports: dict[int, IbPort]
+    fw_ver: str  # ibv_devinfo
+    firmware: str  # ibstat
+    ca_type: str  # ibstat
+
+
+# ---------------------------------------------------------------------------------------------
 # ibv_devinfo (rdma-core). Real Spark output: field-samples/ibv_devinfo-1.txt.
 
-def parse_ibv_devinfo(text: str) -> dict[str, dict]:
+def parse_ibv_devinfo(text: str) -> dict[str, IbDevice]:
     """``{hca: {"fw_ver": ..., "ports": {1: {"state": "PORT_ACTIVE", "active_mtu": 4096,
     "link_layer": "Ethernet", ...}}}}``."""
-    out: dict[str, dict] = {}
+    out: dict[str, IbDevice] = {}
     dev = port = None
     for raw in text.splitlines():
         line = raw.strip()
@@ -143,10 +200,10 @@ _IBSTAT_CA = re.compile(r"^CA '([^']+)'")
 _IBSTAT_PORT = re.compile(r"^Port (\d+):")
 
 
-def parse_ibstat(text: str) -> dict[str, dict]:
+def parse_ibstat(text: str) -> dict[str, IbDevice]:
     """``{hca: {"ca_type": ..., "firmware": ..., "ports": {1: {"state": "Active",
     "physical_state": "LinkUp", "rate": 200, "link_layer": "Ethernet"}}}}``."""
-    out: dict[str, dict] = {}
+    out: dict[str, IbDevice] = {}
     ca = port = None
     for raw in text.splitlines():
         line = raw.strip()
@@ -178,10 +235,15 @@ _ETHTOOL_SPEED = re.compile(r"^\s*Speed:\s*(?:(\d+)Mb/s|(Unknown!?))")
 _ETHTOOL_LINK = re.compile(r"^\s*Link detected:\s*(yes|no)")
 
 
-def parse_ethtool(text: str) -> dict[str | None, dict]:
+class LinkSpeed(TypedDict):
+    speed_mbps: int | None  # None: unknown (the link is down)
+    link: bool | None  # "Link detected"; None where not printed
+
+
+def parse_ethtool(text: str) -> dict[str | None, LinkSpeed]:
     """``{interface: {"speed_mbps": 200000 or None, "link": True/False/None}}``; the interface is
     taken from 'Settings for IF:' or from a shell prompt running 'ethtool IF', else None."""
-    out: dict[str | None, dict] = {}
+    out: dict[str | None, LinkSpeed] = {}
     current: str | None = None
     for line in text.splitlines():
         if m := _ETHTOOL_IF.search(line):
@@ -207,11 +269,20 @@ _NCCL_CHANNEL = re.compile(r"via (NET/[A-Za-z_0-9]+|P2P/[A-Za-z]+|SHM)")
 _NCCL_VERSION = re.compile(r"NCCL version (\S+)")
 
 
-def parse_nccl_log(text: str) -> dict:
+class NcclLog(TypedDict):
+    version: str | None
+    network: str | None  # IB, Socket, IBext_v10, ...
+    hcas: list[str]
+    socket_ifs: list[str]
+    channels: dict[str, int]  # transport (NET/IB, P2P/CUMEM, SHM, ...) -> channels using it
+    no_ib_device: bool
+
+
+def parse_nccl_log(text: str) -> NcclLog:
     """What NCCL chose: ``{"version", "network" (IB, Socket, IBext_v10, ...), "hcas", "socket_ifs",
     "channels": {transport: count}, "no_ib_device": bool}``."""
-    out: dict = {"version": None, "network": None, "hcas": [], "socket_ifs": [], "channels": {},
-                 "no_ib_device": False}
+    out: NcclLog = {"version": None, "network": None, "hcas": [], "socket_ifs": [], "channels": {},
+                    "no_ib_device": False}
     for line in text.splitlines():
         if m := _NCCL_VERSION.search(line):
             out["version"] = m[1]
@@ -236,7 +307,7 @@ def parse_nccl_log(text: str) -> dict:
     return out
 
 
-def nccl_transport(parsed: dict) -> str:
+def nccl_transport(parsed: NcclLog) -> str:
     """'rdma' (NET/IB or an IB plugin), 'socket', 'intra-node' (P2P/SHM only), or 'unknown'.
 
     The channels decide: NCCL prints 'Using network Socket' when it finds no HCA even if every
@@ -253,12 +324,24 @@ def nccl_transport(parsed: dict) -> str:
     return "rdma" if net.startswith("ib") else "socket" if net == "socket" else "unknown"
 
 
-def parse_nvidia_smi_xml(text: str) -> dict:
+class XmlGpu(TypedDict):
+    name: str | None
+    bus_id: str | None
+    memory_total_mib: int | None
+
+
+class SmiXml(TypedDict):
+    driver: str | None
+    cuda: str | None
+    gpus: list[XmlGpu]
+
+
+def parse_nvidia_smi_xml(text: str) -> SmiXml:
     """``nvidia-smi -q -x``: driver and CUDA versions, and per GPU its name, bus id and total
     framebuffer memory in MiB (None where the GPU reports none, as GB10 does)."""
     import xml.etree.ElementTree as ET
     root = ET.fromstring(text)
-    gpus = []
+    gpus: list[XmlGpu] = []
     for g in root.findall("gpu"):
         total = (g.findtext("fb_memory_usage/total") or "").split()
         gpus.append({"name": g.findtext("product_name"), "bus_id": g.get("id"),

@@ -10,7 +10,6 @@ import nbformat
 from nbconvert import HTMLExporter
 from nbconvert.preprocessors import TagRemovePreprocessor
 
-from . import bench
 from .errors import SparkbookError
 from .redact import mask
 
@@ -46,45 +45,22 @@ def _load(path: Path) -> dict | None:
         return None
 
 
+def _verdicts(run_dir: Path) -> list[tuple[str, dict]]:
+    """(step, verdict) of every step that concluded, in step order."""
+    return [(p.stem, v) for p in sorted((run_dir / "verdicts").glob("*.json")) if (v := _load(p))]
+
+
 def key_numbers(run_dir: Path) -> list[tuple[str, str]]:
-    """The numbers people look for first, from the run folder's data (what exists of it)."""
-    out = []
-    coll = _load(run_dir / "collectives.json")
-    if coll and coll.get("result"):
-        top = coll["result"]["rows"][-1]
-        out.append(("all-reduce bus bandwidth", f"{top['busbw_gbs']:.2f} GB/s at "
-                    f"{top['bytes'] / 2**20:g} MiB ({coll['backend']})"))
-    dist = (_load(run_dir / "distribution.json") or {}).get("image")
-    if dist:
-        sent = dist["transfers"]
-        out.append(("image distribution", "already on every node" if not sent else "; ".join(
-            f"{t['node']}: {t['wire'] / 1e9:.2f} GB in {t['seconds']:.0f} s"
-            + (f" ({t['layers_held']} layers already there)" if t["layers_held"] else "") for t in sent)))
-    serving = _load(run_dir / "serving.json")
-    if serving:
-        out.append(("vLLM start-up", (f"ready in {serving['seconds']:.0f} s" if serving["ready"] else
-                                      f"not ready after {serving['seconds']:.0f} s")
-                    + f" ({serving['action']})"))
-    if (run_dir / bench.FOLDER / "results.json").exists():
-        res = bench.load(run_dir)
-        one = res.single_user()  # the level the references are compared with
-        if one:
-            out.append(("single user", f"{one.decode_tok_s:.1f} tok/s decode, "
-                        f"{one.prefill_tok_s or 0:.0f} tok/s prefill at {one.label}"))
-        conc = [lv for lv in res.concurrency if lv.output_tok_s]
-        if conc:
-            best = max(conc, key=lambda lv: lv.output_tok_s)
-            out.append(("peak throughput", f"{best.output_tok_s:.0f} output tok/s at concurrency "
-                        f"{best.concurrency} (TTFT p50 {best.ttft_ms['p50'] or 0:.0f} ms)"))
-    return out
+    """The numbers people look for first, as each step recorded them with its verdict."""
+    return [(label, value) for _, v in _verdicts(run_dir) for label, value in v.get("key_numbers", [])]
 
 
 def commands(run_dir: Path) -> list[tuple[str, str, str]]:
     """(step, node, command) of every check that names the command it ran."""
     out = []
-    for path in sorted((run_dir / "verdicts").glob("*.json")):
-        for c in (_load(path) or {}).get("checks", []):
-            row = (path.stem, c.get("node", ""), c.get("command", ""))
+    for step, verdict in _verdicts(run_dir):
+        for c in verdict.get("checks", []):
+            row = (step, c.get("node", ""), c.get("command", ""))
             if row[2] and row not in out:
                 out.append(row)
     return out

@@ -12,19 +12,15 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import httpx
 import openai
 
-from .verdict import FAIL, PASS, SKIP, WARN, Check, Verdict
-
-# Idle pooled connections are reused for at most this long. vLLM's server (uvicorn) closes a
-# connection idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s by default (vllm/envs.py); a request sent on
-# one just as the server closes it fails with "Server disconnected". aiohttp hands out idle
-# connections oldest first, so a benchmark at concurrency 1 after a
-# wider pool was used meets that moment. Both clients here retire them sooner.
-KEEPALIVE_S = 2.0
+from . import endpoint
+from .step import Outcome
+from .verdict import FAIL, PASS, SKIP, WARN, Check
 
 PROMPT = "Say hello in one short sentence."
 UNKNOWN_MODEL = "sparkbook-no-such-model"
@@ -51,13 +47,6 @@ TOOL = {
 REACH = "is vLLM up and listening on this address? (the serving step, `docker logs` on the head)"
 
 
-def urls(base_url: str) -> tuple[str, str]:
-    """(the OpenAI API URL ending in /v1, the server root) from either form of the address."""
-    api = base_url.rstrip("/")
-    api = api if api.endswith("/v1") else api + "/v1"
-    return api, api[: -len("/v1")]
-
-
 def reasoning_of(obj: Any) -> str:
     """The reasoning text of a message or delta: vLLM has named the field ``reasoning_content``
     and ``reasoning`` across versions."""
@@ -72,6 +61,16 @@ def schema_errors(value: Any, schema: dict) -> list[str]:
     return [e.message for e in cls(schema).iter_errors(value)]
 
 
+@dataclass
+class SmokeTest(Outcome):
+    """What the smoke test sent and what it made of each answer: one check per request (kept in the
+    verdict; no file of its own)."""
+
+    api: str
+    model: str
+    checks: list[Check] = field(default_factory=list)
+
+
 def _short(text: str | None, n: int = 40) -> str:
     text = text or ""
     return repr(text if len(text) <= n else text[: n - 1] + "…")
@@ -80,12 +79,12 @@ def _short(text: str | None, n: int = 40) -> str:
 class _Smoke:
     def __init__(self, base_url: str, model: str, node: str, timeout: float, api_key: str,
                  reasoning_parser: str | None, tool_call_parser: str | None):
-        self.api, _ = urls(base_url)
+        self.api, _ = endpoint.urls(base_url)
         # no retries: a retried failure would hide a hang or double the time to see it; straight
         # to the server, never through a proxy from this machine's environment
+        pool = httpx.Limits(keepalive_expiry=endpoint.KEEPALIVE_S)
         self.client = openai.OpenAI(base_url=self.api, api_key=api_key, timeout=timeout, max_retries=0,
-                                    http_client=openai.DefaultHttpxClient(
-                                        trust_env=False, limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S)))
+                                    http_client=openai.DefaultHttpxClient(trust_env=False, limits=pool))
         self.model, self.node, self.timeout = model, node, timeout
         self.reasoning_parser, self.tool_call_parser = reasoning_parser, tool_call_parser
         self.unreachable = ""
@@ -120,18 +119,17 @@ def _message(e: openai.APIStatusError) -> str:
 
 def run(base_url: str, model: str, *, reasoning_parser: str | None = None,
         tool_call_parser: str | None = None, timeout: float = 120.0, node: str = "api",
-        api_key: str = "EMPTY") -> Verdict:
+        api_key: str = "EMPTY") -> SmokeTest:
     """Smoke-test the model served at ``base_url`` (``http://HOST:PORT`` or ``.../v1``).
 
     ``reasoning_parser`` and ``tool_call_parser`` are the serving parameters: a reasoning parser
     makes the reasoning check meaningful (SKIP otherwise). ``timeout`` bounds each request;
-    ``node`` fills the verdict's node column."""
+    ``node`` fills the checks' node column."""
     s = _Smoke(base_url, model, node, timeout, api_key, reasoning_parser, tool_call_parser)
     # Qwen3-style templates: with thinking off the prompt already closes the reasoning, so guided
     # decoding of tool arguments starts at once (a random model would never close it itself).
     no_thinking = {"chat_template_kwargs": {"enable_thinking": False}} if reasoning_parser else {}
     post = "POST /v1/chat/completions"
-    v = Verdict("smoke test")
 
     def models():
         ids = [m.id for m in s.client.models.list().data]
@@ -237,22 +235,25 @@ def run(base_url: str, model: str, *, reasoning_parser: str | None = None,
         return FAIL, "answered as if the model existed", \
             "something in front of vLLM ignores the model name: clients cannot tell models apart"
 
-    v.add(s.check("model listed", "GET /v1/models", f"{model} listed", models))
-    v.add(s.check("chat completion", f"{post}: 1 user message, max_tokens 32",
-                  "an answer (content or reasoning) and usage with prompt and completion tokens", chat))
-    v.add(s.check("streamed chat", f"{post}: stream, stream_options.include_usage, max_tokens 32",
-                  "chunks with text, then a usage chunk", stream))
+    checks = [
+        s.check("model listed", "GET /v1/models", f"{model} listed", models),
+        s.check("chat completion", f"{post}: 1 user message, max_tokens 32",
+                "an answer (content or reasoning) and usage with prompt and completion tokens", chat),
+        s.check("streamed chat", f"{post}: stream, stream_options.include_usage, max_tokens 32",
+                "chunks with text, then a usage chunk", stream),
+    ]
     if reasoning_parser:
-        v.add(s.check("reasoning", f"{post}: max_tokens 64 (reasoning parser {reasoning_parser})",
-                      "reasoning in reasoning_content/reasoning, not in the answer", reasoning))
+        checks.append(s.check("reasoning", f"{post}: max_tokens 64 (reasoning parser {reasoning_parser})",
+                              "reasoning in reasoning_content/reasoning, not in the answer", reasoning))
     else:
-        v.add(Check("reasoning", node, SKIP, "no reasoning parser (serving.reasoning_parser)",
-                    "reasoning apart from the answer"))
-    v.add(s.check("tool call", f"{post}: tools [get_weather], tool_choice get_weather, max_tokens 512"
-                  + (", enable_thinking false" if no_thinking else ""),
-                  "a get_weather call with JSON arguments matching its schema", tool))
-    v.add(s.check("max_tokens", f"{post}: max_tokens 8", "1 to 8 completion tokens", max_tokens))
-    v.add(s.check("stop", f"{post}: stop [{STOP!r}], max_tokens 64", f"no {STOP!r} in the output", stop))
-    v.add(s.check("unknown model", f"{post}: model {UNKNOWN_MODEL!r}",
-                  "HTTP 404 or 400 within 10 s", unknown))
-    return v
+        checks.append(Check("reasoning", node, SKIP, "no reasoning parser (serving.reasoning_parser)",
+                            "reasoning apart from the answer"))
+    checks += [
+        s.check("tool call", f"{post}: tools [get_weather], tool_choice get_weather, max_tokens 512"
+                + (", enable_thinking false" if no_thinking else ""),
+                "a get_weather call with JSON arguments matching its schema", tool),
+        s.check("max_tokens", f"{post}: max_tokens 8", "1 to 8 completion tokens", max_tokens),
+        s.check("stop", f"{post}: stop [{STOP!r}], max_tokens 64", f"no {STOP!r} in the output", stop),
+        s.check("unknown model", f"{post}: model {UNKNOWN_MODEL!r}", "HTTP 404 or 400 within 10 s", unknown),
+    ]
+    return SmokeTest(s.api, model, checks)

@@ -38,7 +38,8 @@ class Outcome:
 
     FILE: ClassVar[str] = ""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> Any:
+        """Plain data for JSON (a dict of the dataclass's fields by default)."""
         return dataclasses.asdict(self)  # type: ignore[call-overload]
 
     def key_numbers(self) -> list[tuple[str, str]]:

@@ -5,45 +5,53 @@ import asyncio
 import csv
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from fake_openai import FakeOpenAI
 
-from sparkbook import bench
+from sparkbook import endpoint, notebook
+from sparkbook.bench import checks, client, load, plots, records
 from sparkbook.errors import SparkbookError
-from sparkbook.params import Benchmark, Reference
-from sparkbook.verdict import FAIL, PASS, SKIP, WARN
+from sparkbook.params import Benchmark, Reference, validate
+from sparkbook.steps import benchmark as step
+from sparkbook.verdict import FAIL, PASS, SKIP, WARN, Verdict
 
 QUIET = dict(progress=False, say=lambda *_: None)
 
 
-def load(server, **kw) -> bench.LevelResult:
+def level(server, **kw) -> records.LevelResult:
     args = dict(prompt_tokens=16, output_tokens=4, concurrency=1, num_requests=2, warmup=0, seed=1,
                 prompt_salt="")
-    return bench.run_load(server.url, "fake-model", **{**args, **kw}, **QUIET)
+    return load.run_load(server.url, "fake-model", **{**args, **kw}, **QUIET)
+
+
+def verdict(results, references=()) -> Verdict:
+    return Verdict(step.TITLE, checks.checks(results, references))
 
 
 def test_stats_are_numpy_percentiles():
-    s = bench.stats([1.0, 2.0, 3.0, 4.0])
+    s = records.stats([1.0, 2.0, 3.0, 4.0])
     assert s == pytest.approx({"mean": 2.5, "p50": 2.5, "p90": 3.7, "p99": 3.97})
-    assert bench.stats([]) == {"mean": None, "p50": None, "p90": None, "p99": None}
+    assert records.stats([]) == {"mean": None, "p50": None, "p90": None, "p99": None}
 
 
 def test_level_summary_from_known_requests():
-    R = bench.RequestRecord
-    records = [R(0, ok=True, prompt_tokens=10, output_tokens=5, ttft_ms=100, e2e_ms=500, tpot_ms=100,
-                 itl_ms=[100, 100, 100, 100], decode_tok_s=10, prefill_tok_s=100),
-               R(1, ok=True, prompt_tokens=10, output_tokens=5, ttft_ms=300, e2e_ms=500, tpot_ms=50,
-                 itl_ms=[50, 50, 50, 50], decode_tok_s=20, prefill_tok_s=33.3),
-               R(2, error="HTTP 500: boom"), R(3, error="HTTP 500: boom")]
-    lv = bench.LevelResult("concurrency", "c=2", "chat", 10, 5, 2, None, 4, 0)
-    lv.summarize(records, duration=2.0, cpu=1.8, lag_ms=[1.0] * 90 + [200.0] * 10)
+    R = records.RequestRecord
+    recs = [R(0, ok=True, prompt_tokens=10, output_tokens=5, ttft_ms=100, e2e_ms=500, tpot_ms=100,
+              itl_ms=[100, 100, 100, 100], decode_tok_s=10, prefill_tok_s=100),
+            R(1, ok=True, prompt_tokens=10, output_tokens=5, ttft_ms=300, e2e_ms=500, tpot_ms=50,
+              itl_ms=[50, 50, 50, 50], decode_tok_s=20, prefill_tok_s=33.3),
+            R(2, error="HTTP 500: boom"), R(3, error="HTTP 500: boom")]
+    lv = records.LevelResult("concurrency", "c=2", "chat", 10, 5, 2, None, 4, 0)
+    lv.summarize(recs, duration=2.0, cpu=1.8, lag_ms=[1.0] * 90 + [200.0] * 10)
     assert (lv.completed, lv.failures, lv.errors) == (2, 2, ["2 x HTTP 500: boom"])
     assert lv.output_tok_s == 5.0 and lv.request_throughput == 1.0  # 10 tokens, 2 requests in 2 s
     assert lv.per_user_tok_s == 15.0 and lv.decode_tok_s == 15.0
     assert lv.ttft_ms["p50"] == 200 and lv.ttft_ms["mean"] == 200
-    assert lv.itl_ms == bench.stats([100] * 4 + [50] * 4)  # pooled over requests
+    assert lv.itl_ms == records.stats([100] * 4 + [50] * 4)  # pooled over requests
     assert lv.lateness_ms["p99"] is None  # closed loop: nothing scheduled
     assert lv.client_bound and "client CPU 90%" in lv.client_note and "event-loop lag" in lv.client_note
     row = lv.flat()
@@ -51,8 +59,8 @@ def test_level_summary_from_known_requests():
 
 
 def test_poisson_schedule_is_reproducible_and_has_the_rate():
-    a = bench.arrival_times(20001, 5.0, seed=7)
-    assert a == bench.arrival_times(20001, 5.0, seed=7) and a != bench.arrival_times(20001, 5.0, seed=8)
+    a = load.arrival_times(20001, 5.0, seed=7)
+    assert a == load.arrival_times(20001, 5.0, seed=7) and a != load.arrival_times(20001, 5.0, seed=8)
     assert a[0] == 0 and all(x < y for x, y in zip(a, a[1:]))
     assert a[-1] / 20000 == pytest.approx(1 / 5.0, rel=0.02)
     gaps = np.diff(a)
@@ -62,15 +70,15 @@ def test_poisson_schedule_is_reproducible_and_has_the_rate():
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
 def test_prompts_hit_the_exact_token_count_and_differ(endpoint):
     with FakeOpenAI() as server:
-        lv = load(server, prompt_tokens=37, num_requests=5, endpoint=endpoint)
+        lv = level(server, prompt_tokens=37, num_requests=5, endpoint=endpoint)
         bodies = server.requests
     assert lv.failures == 0 and [r.prompt_tokens for r in lv.requests] == [37] * 5, lv.requests
     assert lv.prompt_sizing.startswith("exact") and "off the exact count" not in lv.prompt_sizing
     key = "messages" if endpoint == "chat" else "prompt"
     assert len({json.dumps(b[key]) for b in bodies}) == 5  # no prefix shared between requests
     with FakeOpenAI() as again, FakeOpenAI() as salted:
-        load(again, prompt_tokens=37, num_requests=5, endpoint=endpoint)
-        lv = load(salted, prompt_tokens=37, num_requests=5, endpoint=endpoint, prompt_salt="run 2")
+        level(again, prompt_tokens=37, num_requests=5, endpoint=endpoint)
+        lv = level(salted, prompt_tokens=37, num_requests=5, endpoint=endpoint, prompt_salt="run 2")
     assert [b[key] for b in again.requests] == [b[key] for b in bodies]  # seeded
     assert not {json.dumps(b[key]) for b in salted.requests} & {json.dumps(b[key]) for b in bodies}
     assert [r.prompt_tokens for r in lv.requests] == [37] * 5
@@ -78,14 +86,14 @@ def test_prompts_hit_the_exact_token_count_and_differ(endpoint):
 
 def test_without_tokenize_prompts_are_estimated_and_said_so():
     with FakeOpenAI(tokenize=False) as server:
-        lv = load(server, prompt_tokens=37)
+        lv = level(server, prompt_tokens=37)
     assert lv.failures == 0 and lv.prompt_sizing.startswith("estimated")
     assert lv.prompt_tokens_mean != 37  # the toy tokenizer counts 2-3 tokens per word
 
 
 def test_fixed_output_length_and_token_counts_from_usage_not_chunks():
     with FakeOpenAI(eos_after=3, tokens_per_chunk=3) as server:
-        lv = load(server, output_tokens=12, endpoint="completions")
+        lv = level(server, output_tokens=12, endpoint="completions")
         body = server.requests[0]
     assert body["max_tokens"] == 12 and body["ignore_eos"] is True and "min_tokens" not in body
     assert body["stream"] and body["stream_options"] == {"include_usage": True}
@@ -95,14 +103,14 @@ def test_fixed_output_length_and_token_counts_from_usage_not_chunks():
 
 def test_missing_usage_is_a_failed_request():
     with FakeOpenAI(usage=False) as server:
-        lv = load(server)
+        lv = level(server)
     assert lv.completed == 0 and lv.failures == 2 and "no usage in the stream" in lv.errors[0]
 
 
 def test_latencies_follow_the_servers_delays():
     # TTFT 150 ms after the headers; requests alternate 20 ms and 80 ms between tokens
     with FakeOpenAI(ttft=0.15, token_delay=lambda n: 0.02 if n % 2 else 0.08) as server:
-        lv = load(server, output_tokens=6, num_requests=4)
+        lv = level(server, output_tokens=6, num_requests=4)
     assert lv.failures == 0
     assert all(r.ttft_ms >= 150 for r in lv.requests)  # the first token, not the headers
     assert all(r.e2e_ms >= r.ttft_ms + 5 * 18 for r in lv.requests)
@@ -123,8 +131,8 @@ def test_open_loop_records_lateness_and_flags_a_blocked_client():
             time.sleep(0.4)
 
     with FakeOpenAI() as server:
-        lv = load(server, request_rate=10.0, concurrency=None, num_requests=8, on_request=block_once)
-        closed = load(server)
+        lv = level(server, request_rate=10.0, concurrency=None, num_requests=8, on_request=block_once)
+        closed = level(server)
     assert lv.failures == 0 and all(r.lateness_ms is not None and r.lateness_ms > -1 for r in lv.requests)
     assert max(r.lateness_ms for r in lv.requests) >= 200
     assert lv.client_bound and "scheduling lateness" in lv.client_note
@@ -136,11 +144,10 @@ def test_idle_connections_are_not_reused_past_the_keepalive(monkeypatch, client_
     """A server that closes idle connections (vLLM's: after 5 s) races a client reusing one; the
     client retires idle connections before the server's limit. The control (a client that keeps
     them 30 s) shows the failure the limit avoids."""
-    monkeypatch.setattr(bench.smoke, "KEEPALIVE_S", client_keepalive)
+    monkeypatch.setattr(endpoint, "KEEPALIVE_S", client_keepalive)
 
     async def two_requests(url):
-        async with bench._Session(url, "fake-model", endpoint="chat", connections=1, timeout=10,
-                                  api_key="EMPTY", temperature=0.0, prompt_salt="", **QUIET) as s:
+        async with client.Session(url, "fake-model", endpoint="chat", connections=1, timeout=10) as s:
             first = await s.request("hello there", 4, 0, time.perf_counter())
             await asyncio.sleep(0.5)  # idle: past the server's keep-alive
             return first, await s.request("hello again", 4, 1, time.perf_counter())
@@ -156,15 +163,15 @@ def test_idle_connections_are_not_reused_past_the_keepalive(monkeypatch, client_
 
 def test_progress_shows_a_line_per_level_ending_in_its_summary(capsys):
     with FakeOpenAI() as server:
-        bench.run_load(server.url, "fake-model", prompt_tokens=16, output_tokens=4, concurrency=2,
-                       num_requests=4, warmup=0, say=lambda *_: None)
+        load.run_load(server.url, "fake-model", prompt_tokens=16, output_tokens=4, concurrency=2,
+                      num_requests=4, warmup=0, say=lambda *_: None)
     out = capsys.readouterr().out
     assert out.startswith("benchmark\n") and "\n  c=2: 4/4 ok in" in out
 
 
 def test_runs_inside_a_running_event_loop():  # as a notebook cell does: the kernel runs a loop
     async def cell():
-        return load(server)
+        return level(server)
 
     with FakeOpenAI() as server:
         lv = asyncio.run(cell())
@@ -174,10 +181,10 @@ def test_runs_inside_a_running_event_loop():  # as a notebook cell does: the ker
 def test_unknown_model_and_unreachable_server_raise():
     with FakeOpenAI(model="other") as server:
         with pytest.raises(SparkbookError, match="'fake-model' is not served.*served: other"):
-            load(server)
+            level(server)
     with pytest.raises(SparkbookError, match="cannot list the models"):
-        bench.run_load("http://127.0.0.1:9", "m", prompt_tokens=4, output_tokens=2, concurrency=1,
-                       num_requests=1, **QUIET)
+        load.run_load("http://127.0.0.1:9", "m", prompt_tokens=4, output_tokens=2, concurrency=1,
+                      num_requests=1, **QUIET)
 
 
 BENCH = Benchmark(context_depths=[0, 100], concurrency=[1, 2], prompt_tokens=16, output_tokens=4,
@@ -189,12 +196,12 @@ BENCH = Benchmark(context_depths=[0, 100], concurrency=[1, 2], prompt_tokens=16,
 def test_full_run_with_failures_skips_and_references(tmp_path):
     # requests 1-2 warm up, 3-4 are depth 0, 5-8 c=1, 9-12 c=2, 13-16 the rate: 5, 10, 15 fail
     with FakeOpenAI(max_model_len=64, fail_every=5) as server:
-        res = bench.run(server.url, "fake-model", BENCH, warmup=2, depth_requests=2, **QUIET)
+        res = load.run(server.url, "fake-model", BENCH, warmup=2, depth_requests=2, **QUIET)
     assert [lv.label for lv in res.levels] == ["depth 0", "c=1", "c=2", "20 req/s"]
     assert [lv.failures for lv in res.levels] == [0, 1, 1, 1]
     assert res.skipped == ["depth 100: 116 prompt + 4 output tokens exceed max_model_len 64"]
     assert res.concurrency[1].num_requests == 4 and res.concurrency[1].concurrency == 2
-    v = bench.verdict(res, BENCH.references)
+    v = verdict(res, BENCH.references)
     r = {c.check: c for c in v.checks}
     assert v.status == FAIL and r["load depth 0"].status == PASS
     assert r["load c=1"].status == FAIL and "HTTP 500: injected failure" in r["load c=1"].observed
@@ -205,41 +212,78 @@ def test_full_run_with_failures_skips_and_references(tmp_path):
 
 def test_verdict_passes_a_clean_run_and_warns_on_a_busy_client():
     with FakeOpenAI() as server:
-        res = bench.run(server.url, "fake-model", BENCH.model_copy(update={"request_rates": []}),
-                        warmup=1, depth_requests=1, **QUIET)
-    v = bench.verdict(res)
+        res = load.run(server.url, "fake-model", BENCH.model_copy(update={"request_rates": []}),
+                       warmup=1, depth_requests=1, **QUIET)
+    v = verdict(res)
     assert v.status == PASS, v.to_text()
     res.concurrency[0].client_bound, res.concurrency[0].client_note = True, "client CPU 95% of a core"
-    client = next(c for c in bench.verdict(res).checks if c.check == "load generator")
-    assert client.status == WARN and "c=1: client CPU 95%" in client.observed
+    generator = next(c for c in verdict(res).checks if c.check == "load generator")
+    assert generator.status == WARN and "c=1: client CPU 95%" in generator.observed
 
 
 def test_save_load_earlier_and_plots(tmp_path):
     outputs = tmp_path / "outputs"
     with FakeOpenAI() as server:
-        old = bench.run(server.url, "fake-model", BENCH, warmup=0, depth_requests=1, **QUIET)
-        new = bench.run(server.url, "fake-model", BENCH, warmup=0, depth_requests=1, **QUIET)
-    other = bench.Results.from_json({**old.to_json(), "model": "another-model"})
-    bench.save(old, outputs / "run-old")
-    bench.save(other, outputs / "run-other")
+        old = load.run(server.url, "fake-model", BENCH, warmup=0, depth_requests=1, **QUIET)
+        new = load.run(server.url, "fake-model", BENCH, warmup=0, depth_requests=1, **QUIET)
+    other = records.Results.from_json({**old.to_json(), "model": "another-model"})
+    old.save(outputs / "run-old")
+    other.save(outputs / "run-other")
     (outputs / "run-broken" / "benchmark").mkdir(parents=True)
     (outputs / "run-broken" / "benchmark" / "results.json").write_text("{")
-    paths = bench.save(new, outputs / "run-new")
+    path = new.save(outputs / "run-new")
 
-    data = json.loads(paths["json"].read_text())
+    assert path == outputs / "run-new" / "benchmark" / "results.json"
+    data = json.loads(path.read_text())
     assert data["model"] == "fake-model" and data["source"] == "run-new"
     assert len(data["concurrency"][1]["requests"]) == 4 and data["concurrency"][1]["requests"][0]["itl_ms"]
-    with paths["csv"].open() as f:
+    with (path.parent / "levels.csv").open() as f:
         table = list(csv.DictReader(f))
     assert [row["label"] for row in table] == ["depth 0", "depth 100", "c=1", "c=2", "20 req/s"]
     assert {"ttft_ms_p99", "itl_ms_p50", "output_tok_s", "client_bound", "failures"} <= set(table[0])
-    assert bench.load(outputs / "run-new").to_json() == new.to_json()
+    assert records.load(outputs / "run-new").to_json() == new.to_json()
 
-    found = bench.earlier(outputs, "fake-model", exclude=outputs / "run-new")
+    found = records.earlier(outputs, "fake-model", exclude=outputs / "run-new")
     assert [r.source for r in found] == ["run-old"]
-    figs = bench.plot(new, outputs / "run-new", earlier=found, references=BENCH.references)
+    figs = plots.plot(new, outputs / "run-new", earlier=found, references=BENCH.references)
     assert set(figs) == {"throughput", "latency", "distributions", "depth", "rates"}
     assert all((outputs / "run-new" / "benchmark" / f"{n}.png").stat().st_size > 0 for n in figs)
     legend = [t.get_text() for t in figs["throughput"].axes[1].get_legend().get_texts()]
     assert legend == ["this run", "run-old", "slow box: 1 tok/s", "fast box: 1e+06 tok/s"]
-    assert "c=2" in bench.table(new).to_text()
+    assert "c=2" in step.table(new).to_text()
+
+
+def test_key_numbers_single_user_and_peak_throughput():
+    def lv(kind, label, **kw):
+        return records.LevelResult(kind, label, "chat", 128, 64, kw.pop("concurrency", 1), None, 8, 0, **kw)
+
+    res = records.Results("m", "http://x", "chat", "2026-11-29T00:00:00+00:00", 0, {}, depths=[
+        lv("depth", "depth 4096", depth=4096, decode_tok_s=20.1, prefill_tok_s=700.0),
+        lv("depth", "depth 0", depth=0, decode_tok_s=27.4, prefill_tok_s=900.0)],
+        concurrency=[lv("concurrency", f"c={c}", concurrency=c, output_tok_s=t, ttft_ms={"p50": 80.0})
+                     for c, t in ((1, 27.0), (4, 90.5), (8, 85.0))])
+    assert res.key_numbers() == [
+        ("single user", "27.4 tok/s decode, 900 tok/s prefill at depth 0"),
+        ("peak throughput", "90 output tok/s at concurrency 4 (TTFT p50 80 ms)")]
+    assert records.Results("m", "http://x", "chat", "", 0, {}).key_numbers() == []
+
+
+def test_the_step_runs_records_plots_and_concludes(tmp_path):
+    """The notebook's cells: ctx.run(), step.table, step.plots, ctx.conclude."""
+    data = yaml.safe_load((Path(__file__).parents[1] / "parameters" / "localhost.yaml").read_text())
+    bench = BENCH.model_copy(update={"references": BENCH.references[:1]})
+    with FakeOpenAI() as server:
+        data["serving"].update(api_url=server.url + "/", served_model_name="fake-model")
+        data["benchmark"] = bench.model_dump()
+        ctx = notebook.Context(validate(data), "test", tmp_path / "outputs" / "run-1", step)
+        outcome = ctx.run(warmup=0, depth_requests=1, **QUIET)
+    assert isinstance(outcome, records.Results) and "20 req/s" in step.table(outcome).to_text()
+    assert set(step.plots(ctx, outcome)) == {"throughput", "latency", "distributions", "depth", "rates"}
+    verdict = ctx.verdict(outcome)
+    ctx.conclude(outcome)
+    assert verdict.title == "benchmark" and verdict.status == PASS, verdict.to_text()
+    saved = json.loads((ctx.run_dir / "verdicts" / "07_benchmark.json").read_text())
+    assert [k for k, _ in saved["key_numbers"]] == ["single user", "peak throughput"]
+    for name in ("results.json", "levels.csv", "throughput.png", "latency.png", "depth.png"):
+        assert (ctx.run_dir / "benchmark" / name).stat().st_size > 0, name
+    assert records.load(ctx.run_dir).source == "run-1"

@@ -1,13 +1,17 @@
-"""02_collectives: the command builder, the hang diagnosis, and real sweeps on the lab."""
+"""02_collectives: the command builder, the hang diagnosis, the image copy the step records, and
+real sweeps on the lab."""
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 
-from sparkbook import collectives
+from sparkbook import collectives, notebook, report
 from sparkbook.cli import main
+from sparkbook.distribution.image import ImageOutcome, Transfer
 from sparkbook.params import load
 from sparkbook.remote import Cluster
+from sparkbook.steps import collectives as step
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = ROOT / "parameters" / "lab.yaml"
@@ -36,7 +40,7 @@ def test_last_phase_and_diagnosis():
     p = load(LAB)
     assert collectives.last_phase("") == "rendezvous"
     assert collectives.last_phase("PHASE started rank=0\nPHASE init-done rank=0\n") == "init-done"
-    out = collectives.Outcome("gloo", phases={"spark-1": "rendezvous", "spark-2": "not started"},
+    out = collectives.Sweep("gloo", phases={"spark-1": "rendezvous", "spark-2": "not started"},
                               logs={"spark-1": "", "spark-2": ""})
     phase, cause = collectives.diagnose(p, out)
     assert phase == "rendezvous" and "spark-1, spark-2" in cause and "10.77.1.11:29502" in cause
@@ -66,8 +70,7 @@ def test_a_rank_that_never_joins_fails_within_the_limit_and_leaves_nothing(lab, 
     cluster = Cluster.from_params(p)
     out = collectives.run(p, cluster, tmp_path, omit=("spark-2",), say=lambda *_: None)
     assert out.timed_out and out.result is None and out.duration_s < 40
-    v = collectives.verdict(p, out)
-    fail = v.failures[0]
+    fail = [c for c in collectives.checks(p, out) if c.status == "FAIL"][0]
     assert fail.check == "all-reduce" and "stuck in: rendezvous" in fail.observed
     assert "spark-2" in fail.remedy and "never joined" in fail.remedy
     assert (tmp_path / "logs" / "spark-1" / "collectives.log").exists()
@@ -84,13 +87,65 @@ def test_verdict_on_a_real_two_gpu_run_reads_the_transport_from_the_channels():
     p = load(ROOT / "parameters" / "dgx-spark-pair.yaml")
     log = (Path(__file__).parent / "fixtures" / "nccl-p2p-h200x2-1.txt").read_text()
     rows = [{"bytes": 2**30, "time_us": 3352.8, "algbw_gbs": 320.25, "busbw_gbs": 320.25, "correct": True}]
-    out = collectives.Outcome("nccl", result={"world_size": 2, "rows": rows},
+    out = collectives.Sweep("nccl", result={"world_size": 2, "rows": rows},
                               nccl={n.name: parse_nccl_log(log) for n in p.nodes},
                               phases={n.name: "done" for n in p.nodes})
-    v = collectives.verdict(p, out)
-    transport = [c for c in v.checks if c.check == "transport"]
+    checks = collectives.checks(p, out)
+    transport = [c for c in checks if c.check == "transport"]
     assert [c.status for c in transport] == ["PASS", "PASS"] and "P2P/CUMEM" in transport[0].observed
-    assert v.status == "PASS"
+    assert {c.status for c in checks} == {"PASS"}
     socket = parse_nccl_log((Path(__file__).parent / "fixtures" / "nccl-socket-2.txt").read_text())
     out.nccl = {n.name: socket for n in p.nodes}
-    assert [c.status for c in collectives.verdict(p, out).checks if c.check == "transport"] == ["FAIL", "FAIL"]
+    assert [c.status for c in collectives.checks(p, out) if c.check == "transport"] == ["FAIL", "FAIL"]
+
+
+def image_copy(p, copied: bool) -> ImageOutcome:
+    """What 02 recorded of the image: the worker lacked it and got 4.12 GB of it, or held it."""
+    head, worker = p.head.name, p.workers[0].name
+    ids = {head: "sha256:" + "1" * 64, worker: "sha256:" + "1" * 64}
+    return ImageOutcome(p.runtime.image, "head", head, ids[head], before={head: ids[head], worker: None},
+                        after=ids, transfers=[Transfer(worker, "layer-skipping stream", sent=4_200_000_000,
+                                                       wire=4_120_000_000, seconds=63.4)] if copied else [])
+
+
+def test_the_image_copy_before_the_sweep_is_in_the_verdict_and_the_key_numbers(tmp_path):
+    p = load(LAB)
+    rows = [{"bytes": 2**25, "time_us": 900.0, "algbw_gbs": 37.3, "busbw_gbs": 37.28, "correct": True}]
+    sweep = collectives.Sweep("gloo", result={"world_size": 2, "rows": rows},
+                              phases={n.name: "done" for n in p.nodes}, duration_s=12)
+    ctx = notebook.Context(p, "test", tmp_path, step)
+    outcome = step.CollectivesOutcome(image_copy(p, copied=True), sweep)
+    verdict = ctx.verdict(outcome)
+    ctx.conclude(outcome)
+    first = verdict.checks[0]
+    assert (first.check, first.node, first.status) == ("serving image on every node", "all", "PASS")
+    assert first.observed == "copied 4.12 GB to spark-2 in 63 s"
+    assert verdict.title == "02 collectives" and verdict.status == "PASS"
+    assert report.key_numbers(tmp_path) == [
+        ("all-reduce bus bandwidth", "37.28 GB/s at 32 MiB (gloo)"),
+        ("image copied for the sweep", "spark-2: 4.12 GB in 63 s")]
+    data = json.loads((tmp_path / "collectives.json").read_text())
+    assert data["result"]["rows"] == rows and data["image"]["transfers"][0]["wire"] == 4_120_000_000
+    assert (tmp_path / "collectives.csv").read_text().startswith("bytes,time_us,algbw_gbs,busbw_gbs,correct")
+
+    held = step.checks(p, step.CollectivesOutcome(image_copy(p, copied=False), sweep))[0]
+    assert held.observed == "already on every node"
+    assert step.CollectivesOutcome(image_copy(p, copied=False), sweep).key_numbers() == [
+        ("all-reduce bus bandwidth", "37.28 GB/s at 32 MiB (gloo)")]
+
+
+def test_a_failed_image_copy_fails_02_and_the_sweep_does_not_run(tmp_path):
+    p = load(LAB)
+    image = image_copy(p, copied=True)
+    image.after["spark-2"] = None
+    image.errors["spark-2"] = "the stream ended without a result: exit code 255: Connection refused"
+    image.transfers[0].error = image.errors["spark-2"]
+    outcome = step.run(SimpleNamespace(params=p), image=image)  # nothing reaches a node
+    assert outcome.sweep is None
+    checks = step.checks(p, outcome)
+    assert [(c.check, c.node, c.status) for c in checks] == [
+        ("image ID", "spark-2", "FAIL"), ("all-reduce", "all", "SKIP")]
+    assert "Connection refused" in checks[0].observed and "01_preflight" in checks[0].remedy
+    outcome.save(tmp_path)
+    assert json.loads((tmp_path / "collectives.json").read_text())["result"] is None
+    assert not (tmp_path / "collectives.csv").exists() and step.table(outcome).rows == []

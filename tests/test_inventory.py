@@ -1,15 +1,21 @@
-"""00_inventory: parsers on real DGX Spark outputs, and the notebook over real SSH."""
+"""00_inventory: parsers on real DGX Spark outputs, the node script on this machine, and the
+notebook over real SSH."""
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
 import yaml
 
+import sparkbook as sb
 from conftest import field_sample, free_port
 from sparkbook import inventory
 from sparkbook.cli import main
+from sparkbook.params import validate
 from sparkbook.parsers import parse_nvidia_smi_csv, parse_sections
+from sparkbook.remote import Cluster
+from sparkbook.steps import inventory as step
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,7 +34,7 @@ def test_nvidia_smi_csv_noheader_gb10():
 
 def test_nvidia_smi_csv_rejects_a_row_of_the_wrong_shape():
     with pytest.raises(ValueError, match="2 columns, expected 3"):
-        parse_nvidia_smi_csv("NVIDIA GB10, 580.1\n", inventory.GPU_FIELDS)
+        parse_nvidia_smi_csv("NVIDIA GB10, 580.1\n", ["name", "driver_version", "memory.total"])
 
 
 def test_inventory_parse_of_a_gb10_node():
@@ -37,7 +43,7 @@ def test_inventory_parse_of_a_gb10_node():
         "arch=aarch64", "cpus=20", "mem_total_kb=125524048", "mem_available_kb=119000000",
         "model_disk_free_kb=3000000000", "docker_version=28.3.3", "docker_root=/var/lib/docker",
         "docker_disk_free_kb=3000000000", 'docker_runtimes={"io.containerd.runc.v2":{},"nvidia":{},"runc":{}}',
-        "@@ gpu", "NVIDIA GB10, 580.95.05, [N/A]"])
+        "@@ gpu", "name, driver_version, memory.total [MiB]", "NVIDIA GB10, 580.95.05, [N/A]"])
     f = inventory.parse(out)
     assert (f["arch"], f["cpus"], f["gpus"], f["gpu_name"], f["driver"]) == (
         "aarch64", 20, 1, "NVIDIA GB10", "580.95.05")
@@ -55,12 +61,62 @@ def test_sections():
     assert parse_sections("junk\n@@ a\n1\n2\n@@ b\n\n3\n") == {"a": "1\n2", "b": "3"}
 
 
-def test_script_quotes_parameter_values():
-    params = yaml.safe_load((ROOT / "parameters" / "lab.yaml").read_text())
-    params["model"]["path"] = "/models/x; touch /tmp/pwned"
-    from sparkbook.params import validate
-    script = inventory.script(validate(params))
-    assert "p='/models/x; touch /tmp/pwned'" in script
+def test_inventory_parse_of_a_failing_nvidia_smi():
+    f = inventory.parse("@@ facts\nhostname=h\n@@ gpu\nNVIDIA-SMI has failed because it couldn't communicate "
+                        "with the NVIDIA driver.\nnvidia-smi failed: \n")
+    assert f["gpus"] == 0 and f["gpu_problem"] == "nvidia-smi failed:" and f["gpu_memory"] is None
+
+
+def _lab_params(local=False, **model):
+    data = yaml.safe_load((ROOT / "parameters" / "lab.yaml").read_text())
+    data["model"].update(model)
+    if local:  # one node: this machine, without SSH
+        data.update(lab=False, nodes=[{"name": "here", "host": "localhost", "local": True, "role": "head"}])
+        data["serving"]["tensor_parallel_size"] = 1
+    return validate(data)
+
+
+def test_values_are_arguments_never_part_of_the_script():
+    path = "/models/x; touch /tmp/pwned"
+    s = inventory.node_script(_lab_params(path=path))
+    assert s.args == (path, "") and path not in s.text
+    assert str(s) == "bash sparkbook/scripts/inventory.sh '/models/x; touch /tmp/pwned' ''"
+
+
+def test_the_script_on_this_machine(tmp_path):
+    """inventory.sh as run on a node, here; a hostile model path is only a path."""
+    params = _lab_params(local=True, path=f"{tmp_path}/m; touch {tmp_path}/pwned")
+    inv = inventory.gather(params, Cluster.from_params(params))
+    assert not inv.errors and not (tmp_path / "pwned").exists()
+    f = inv.rows[0]
+    assert f["hostname"] == socket.gethostname() and f["cpus"] >= 1
+    assert f["memory_gb"] > 0 and f["model_disk_free_gb"] is not None and f["os"]
+    assert f["docker"] and (f["gpus"] > 0 or f["gpu_problem"])
+
+
+def test_the_step_on_this_machine(tmp_path):
+    """00 against parameters/localhost.yaml (this machine, no SSH): its files and its verdict."""
+    ctx = sb.notebook.start({"params_file": str(ROOT / "parameters" / "localhost.yaml"),
+                             "run_dir": str(tmp_path)}, step, quiet=True)
+    outcome = ctx.run()
+    rows = json.loads((tmp_path / "inventory.json").read_text())
+    assert [r["node"] for r in rows] == ["this-machine"] and rows[0]["reachable"]
+    assert (tmp_path / "inventory.csv").read_text().startswith("node,role,reachable,hostname")
+    assert step.table(outcome).rows[0][:3] == ["this-machine", "head", True]
+    verdict = ctx.verdict(outcome)
+    assert verdict.title == "00 inventory" and verdict.status == "PASS"
+    assert [(c.check, c.node) for c in verdict.checks] == [("reachable", "this-machine")]
+
+
+def test_an_unreachable_node_fails_with_the_command_a_person_runs():
+    params = _lab_params()
+    rows = [{"node": "spark-1", "role": "head", "reachable": True, "hostname": "s1", "arch": "aarch64",
+             "os": "Ubuntu", "gpus": 1, "gpu_name": "NVIDIA GB10", "gpu_problem": None},
+            {"node": "spark-2", "role": "worker", "reachable": False}]
+    checks = step.checks(params, inventory.Inventory(rows, {"spark-2": "ssh: cannot connect"}, "bash x"))
+    assert [(c.check, c.node, c.status) for c in checks] == [
+        ("reachable", "spark-1", "PASS"), ("gpu", "spark-1", "PASS"), ("reachable", "spark-2", "FAIL")]
+    assert checks[-1].observed == "ssh: cannot connect" and checks[-1].command == "bash x"
 
 
 def _params_for(ssh_nodes, tmp_path, extra_nodes=()):

@@ -1,5 +1,5 @@
 """The lab: real SSH and Docker across simulated DGX Spark nodes (vLLM and Ray across them:
-test_launch); the simulated hardware against real Spark outputs; faults and healing; nothing left
+test_serving); the simulated hardware against real Spark outputs; faults and healing; nothing left
 after down."""
 
 import json
@@ -12,7 +12,8 @@ import yaml
 from conftest import field_sample
 from sparkbook import parsers
 from sparkbook.lab import faults
-from sparkbook.lab.lab import lab_params, leftovers
+from sparkbook.lab import lab_params
+from sparkbook.lab.lab import leftovers
 from sparkbook.remote import Cluster
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -31,14 +31,22 @@ def notebook(path: Path, *sources: str) -> Path:
 START = "import sparkbook as sb\nctx = sb.notebook.start(globals())"
 
 
+def step_start(name: str, checks: str = "[]", title: str = "") -> str:
+    """The setup cell of a notebook whose step (NAME, TITLE, checks) is defined in the cell."""
+    return ("import types\nimport sparkbook as sb\nfrom sparkbook import Check\n"
+            f"step = types.SimpleNamespace(NAME={name!r}, TITLE={title or name!r}, "
+            f"checks=lambda params, outcome: {checks})\n"
+            "ctx = sb.notebook.start(globals(), step)")
+
+
 @pytest.fixture
 def books(tmp_path):
     d = tmp_path / "notebooks"
     d.mkdir()
     notebook(d / "00_first.ipynb", START, "ctx.save_json('first.json', {'name': ctx.params.name})")
-    notebook(d / "01_second.ipynb", START, "from sparkbook import Check, Verdict\n"
-             "ctx.conclude(Verdict('second', [Check('disk', 'node-a', 'FAIL', '1 GB free', "
-             "'100 GB', 'free some space')]), '01_second')")
+    notebook(d / "01_second.ipynb", step_start("01_second", "[Check('disk', 'node-a', 'FAIL', "
+                                               "'1 GB free', '100 GB', 'free some space')]", "second"),
+             "ctx.conclude(sb.step.Outcome())")
     notebook(d / "02_third.ipynb", START, "open('third-ran', 'w').write('yes')")
     (d / "notes.ipynb").write_text((d / "00_first.ipynb").read_text())  # not numbered: not a step
     return d
@@ -176,29 +184,25 @@ def test_the_parameters_token_variable_is_masked_whatever_its_name(tmp_path, mon
 
 
 def test_report_key_numbers_commands_and_masked_secrets(books, tmp_path, monkeypatch):
-    from sparkbook import bench, report
+    from sparkbook import report
     secret = "hf_reportSECRET123456"
     monkeypatch.setenv("HF_TOKEN", secret)
-    notebook(books / "03_leaky.ipynb", START, f"print('token {secret} in an output')\n"
-             "from sparkbook import Check, Verdict\n"
-             "ctx.conclude(Verdict('leaky', [Check('thing', 'node-a', 'PASS', 'ok', '', '', "
-             "'docker exec x true')]), '03_leaky')")
+    notebook(books / "03_leaky.ipynb", step_start("03_leaky", "[Check('thing', 'node-a', 'PASS', "
+                                                  "'ok', '', '', 'docker exec x true')]"),
+             f"print('token {secret} in an output')\n"
+             "from dataclasses import dataclass\n"
+             "@dataclass\n"
+             "class Leaks(sb.step.Outcome):\n"
+             "    FILE = 'leaks.json'\n"
+             "    tokens: int = 1\n"
+             "    def key_numbers(self):\n"
+             "        return [('leaks', f'{self.tokens} token')]\n"
+             "ctx.conclude(Leaks())")
     out = tmp_path / "run"
     assert main(["run", "-p", str(LOCALHOST), "--notebooks", str(books), "--steps", "00,03",
                  "--out", str(out)]) == 0
-    (out / "serving.json").write_text(json.dumps({"action": "started", "ready": True, "seconds": 41.6}))
-    def level(kind, label, **kw):
-        return bench.LevelResult(kind, label, "chat", 128, 64, kw.pop("concurrency", 1), None, 8, 0, **kw)
-
-    bench.save(bench.Results("m", "http://x", "chat", "2026-11-29T00:00:00+00:00", 0, {}, depths=[
-        level("depth", "depth 4096", depth=4096, decode_tok_s=20.1, prefill_tok_s=700.0),
-        level("depth", "depth 0", depth=0, decode_tok_s=27.4, prefill_tok_s=900.0)],
-        concurrency=[level("concurrency", f"c={c}", concurrency=c, output_tok_s=t, ttft_ms={"p50": 80.0})
-                     for c, t in ((1, 27.0), (4, 90.5), (8, 85.0))]), out)
-    assert dict(report.key_numbers(out)) == {
-        "vLLM start-up": "ready in 42 s (started)",
-        "single user": "27.4 tok/s decode, 900 tok/s prefill at depth 0",
-        "peak throughput": "90 output tok/s at concurrency 4 (TTFT p50 80 ms)"}
+    assert json.loads((out / "leaks.json").read_text()) == {"tokens": 1}
+    assert dict(report.key_numbers(out)) == {"leaks": "1 token"}
     assert report.commands(out) == [("03_leaky", "node-a", "docker exec x true")]
     html = report.build(out).read_text()
     assert secret not in html and "********" in html

@@ -2,17 +2,22 @@
 it exists for."""
 
 import json
+from pathlib import Path
 
 import pytest
+import yaml
 from conftest import free_port
 from fake_openai import FakeOpenAI
 
-from sparkbook import smoke
-from sparkbook.verdict import FAIL, PASS, SKIP, WARN
+from sparkbook import endpoint, notebook, smoke
+from sparkbook.errors import CheckFailed
+from sparkbook.params import validate
+from sparkbook.steps import smoke as step
+from sparkbook.verdict import FAIL, PASS, SKIP, WARN, Verdict
 
 
-def rows(verdict) -> dict:
-    return {c.check: c for c in verdict.checks}
+def rows(outcome: smoke.SmokeTest) -> dict:
+    return {c.check: c for c in outcome.checks}
 
 
 def check(server: FakeOpenAI, **kw) -> dict:
@@ -21,9 +26,11 @@ def check(server: FakeOpenAI, **kw) -> dict:
 
 def test_healthy_server_passes_every_check_and_says_what_it_sent():
     with FakeOpenAI() as server:
-        v = smoke.run(server.url + "/v1/", "fake-model", timeout=5)
-    r = rows(v)
+        outcome = smoke.run(server.url + "/v1/", "fake-model", timeout=5)
+    r = rows(outcome)
+    v = Verdict(step.TITLE, step.checks(None, outcome))
     assert v.title == "smoke test" and v.status == PASS, v.to_text()
+    assert outcome.api == server.url + "/v1" and outcome.model == "fake-model"
     assert {c.status for n, c in r.items() if n != "reasoning"} == {PASS}
     assert r["reasoning"].status == SKIP
     assert all(c.node == "api" and c.command for n, c in r.items() if n != "reasoning")
@@ -108,5 +115,35 @@ def test_schema_errors():
 
 
 def test_urls_accept_either_form():
-    assert smoke.urls("http://h:8000") == ("http://h:8000/v1", "http://h:8000")
-    assert smoke.urls("http://h:8000/v1/") == ("http://h:8000/v1", "http://h:8000")
+    assert endpoint.urls("http://h:8000") == ("http://h:8000/v1", "http://h:8000")
+    assert endpoint.urls("http://h:8000/v1/") == ("http://h:8000/v1", "http://h:8000")
+
+
+def context(tmp_path, url: str, **serving) -> notebook.Context:
+    data = yaml.safe_load((Path(__file__).parents[1] / "parameters" / "localhost.yaml").read_text())
+    data["serving"].update(api_url=url, served_model_name="fake-model", **serving)
+    return notebook.Context(validate(data), "test", tmp_path, step)
+
+
+def test_the_step_runs_and_concludes_with_the_parameters_of_serving(tmp_path):
+    """The notebook's cells: ctx.run(), step.table, ctx.conclude."""
+    with FakeOpenAI(reasoning_field="reasoning") as server:
+        ctx = context(tmp_path, server.url, reasoning_parser="qwen3")
+        outcome = ctx.run(timeout=5)
+    table = step.table(outcome)
+    assert "POST /v1/chat/completions: stop ['e'], max_tokens 64" in [row[1] for row in table.rows]
+    verdict = ctx.verdict(outcome)
+    ctx.conclude(outcome)
+    assert verdict.title == "smoke test" and verdict.status == PASS, verdict.to_text()
+    assert rows(outcome)["reasoning"].status == PASS  # the serving parameters' reasoning parser
+    saved = json.loads((tmp_path / "verdicts" / "06_smoke_test.json").read_text())
+    assert len(saved["checks"]) == 8 and saved["key_numbers"] == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["verdicts"]  # no file of its own, as before
+
+
+def test_the_step_fails_on_a_failed_check(tmp_path):
+    with FakeOpenAI(usage=False) as server:
+        ctx = context(tmp_path, server.url)
+        outcome = ctx.run(timeout=5)
+    with pytest.raises(CheckFailed, match="smoke test: 3 check"):
+        ctx.conclude(outcome)

@@ -21,7 +21,8 @@ import tarfile
 import time
 from pathlib import Path
 
-from .lab import FABRIC_MTU, FABRIC_NS, FAULTS, MGMT_IF, PREFIX, RAILS, Lab, LabError, LabNode, docker, sh
+from .lab import Lab
+from .nodes import FABRIC_MTU, FABRIC_NS, FAULTS, MGMT_IF, PREFIX, RAILS, LabError, LabNode, docker, sh
 
 RAIL_NAMES = [r[0] for r in RAILS]
 

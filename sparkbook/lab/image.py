@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from .lab import LAB_HOME, PREFIX, RUN, Lab, LabError, LabNode, docker_at, sh
+from .nodes import LAB_HOME, PREFIX, RUN, LabError, LabNode, docker_at, running_nodes, sh
 
 VLLM_VERSION = "0.32.0"
 RAY_VERSION = "2.60.0"
@@ -111,9 +111,9 @@ def version_tag(repo: str, digest: str) -> str:
 def daemon(say=print) -> Iterator[Path]:
     """The socket of the head's Docker daemon: the running lab's, or a temporary daemon's on the
     head's data root (no network: the build needs none)."""
-    lab = Lab()
-    if lab.state():
-        yield lab.nodes()[0].docker_sock
+    up = running_nodes()
+    if up:
+        yield up[0].docker_sock
         return
     head = LabNode(1)
     run = RUN / "build"

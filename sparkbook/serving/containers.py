@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from .params import Node, Params
+from ..params import Node, Params
 
 
 def fabric_env(params: Params, node: Node) -> dict[str, str]:

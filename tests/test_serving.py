@@ -1,7 +1,7 @@
-"""Cluster bring-up: the command builders for the DGX Spark pair (offline), failure signatures on
-real vLLM logs, then on the lab: 04 forms a Ray cluster, 05 serves TP 2 across both nodes (twice:
-the second run changes nothing), 08 leaves nothing; a worker killed during start-up and a busy port
-fail 05 naming the node and the cause."""
+"""Serving (04, 05, 08): the command builders for the DGX Spark pair (offline), the node scripts
+against a fake `docker`, failure signatures on real vLLM logs, then on the lab: 04 forms a Ray
+cluster, 05 serves TP 2 across both nodes (twice: the second run changes nothing), 08 leaves
+nothing; a worker killed during start-up and a busy port fail 05 naming the node and the cause."""
 
 import json
 import os
@@ -18,7 +18,6 @@ import yaml
 
 
 from conftest import field_sample
-from sparkbook import launch
 from sparkbook.lab import faults
 from sparkbook.lab.lab import docker
 from sparkbook.params import load, validate
@@ -26,6 +25,14 @@ from sparkbook.parsers import listener
 from sparkbook.redact import MASK
 from sparkbook.remote import Cluster, command_line
 from sparkbook.runner import run
+from sparkbook.serving import commands, deploy, state
+from sparkbook.serving.inspection import ImageInfo, configured_options, image_checks
+from sparkbook.serving.logs import match_signature
+from sparkbook.serving.ray import form_ray_cluster
+from sparkbook.serving.state import node_states
+from sparkbook.serving.teardown import teardown
+from sparkbook.steps import serve as serve_step
+from sparkbook.verdict import FAIL
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIR = ROOT / "parameters" / "dgx-spark-pair.yaml"
@@ -37,10 +44,14 @@ def env_of(cmd):
     return dict(cmd[i + 1].split("=", 1) for i, a in enumerate(cmd) if a == "-e")
 
 
+def failures(checks):
+    return [c for c in checks if c.status == FAIL]
+
+
 def test_spark_pair_containers_have_what_multi_node_serving_needs():
     p = load(PAIR)
     for node, ip in zip(p.nodes, ("192.168.100.10", "192.168.100.11")):
-        cmd = launch.container_command(p, node)
+        cmd = commands.container_command(p, node)
         text = command_line(cmd)
         for flags in (["--network", "host"], ["--ipc", "host"], ["--gpus", "all"], ["--shm-size", "16g"],
                       ["--ulimit", "memlock=-1"], ["--device", "/dev/infiniband"], ["--cap-add", "IPC_LOCK"]):
@@ -56,11 +67,11 @@ def test_spark_pair_containers_have_what_multi_node_serving_needs():
         ray = cmd[cmd.index(p.runtime.image) + 1:]
         assert ray[:3] == ["ray", "start", "--block"] and ray[ray.index("--node-ip-address") + 1] == ip
         assert ray[ray.index("--num-gpus") + 1] == "1" and "--object-store-memory" in ray
-    head, worker = (launch.container_command(p, n) for n in p.nodes)
+    head, worker = (commands.container_command(p, n) for n in p.nodes)
     assert "--head" in head and "--address" not in head
     assert worker[worker.index("--address") + 1] == "192.168.100.10:6379"
-    serve = launch.ray_serve_command(p)
-    assert serve[:3] == ["docker", "exec", "-d"] and serve[5:8] == [launch.RAY_CONTAINER, "bash", "-c"]
+    serve = commands.ray_serve_command(p)
+    assert serve[:3] == ["docker", "exec", "-d"] and serve[5:8] == [commands.RAY_CONTAINER, "bash", "-c"]
     inner = shlex.split(serve[-1].split(" > ")[0])
     assert inner[:3] == ["vllm", "serve", p.model.path]
     for a, b in (("--tensor-parallel-size", "2"), ("--distributed-executor-backend", "ray"),
@@ -75,17 +86,17 @@ def test_privileged_only_when_asked_and_mp_starts_headless_workers_first():
     p = p.model_copy(update={"runtime": p.runtime.model_copy(update={"privileged": True}),
                              "serving": p.serving.model_copy(update={"executor": "mp"})})
     head, worker = p.nodes
-    cmd = launch.container_command(p, worker)
+    cmd = commands.container_command(p, worker)
     assert "--privileged" in cmd and "--device" not in cmd
     serve = cmd[cmd.index(p.runtime.image) + 1:]
     assert serve[:2] == ["vllm", "serve"] and "--headless" in serve
     assert serve[serve.index("--node-rank") + 1] == "1"
     assert serve[serve.index("--master-addr") + 1] == "192.168.100.10"
     assert "--port" not in serve
-    hserve = launch.serve_args(p, head)
+    hserve = commands.serve_args(p, head)
     assert "--headless" not in hserve and hserve[hserve.index("--node-rank") + 1] == "0"
-    assert [g[0].name for g in launch._groups(p, p.nodes, ray=False)] == ["spark-2", "spark-1"]
-    assert [g[0].name for g in launch._groups(p, p.nodes, ray=True)] == ["spark-1", "spark-2"]
+    assert [g[0].name for g in commands.groups(p.nodes, ray=False)] == ["spark-2", "spark-1"]
+    assert [g[0].name for g in commands.groups(p.nodes, ray=True)] == ["spark-1", "spark-2"]
 
 
 def test_odd_values_stay_one_argument_and_secrets_never_appear(monkeypatch):
@@ -94,40 +105,58 @@ def test_odd_values_stay_one_argument_and_secrets_never_appear(monkeypatch):
     p = p.model_copy(update={"serving": p.serving.model_copy(update={
         "extra_args": odd, "env": {"WEIRD": "it's \"quoted\" $HOME"}})})
     monkeypatch.setenv("HF_TOKEN", CANARY)
-    cmd = launch.container_command(p, p.head)
+    cmd = commands.container_command(p, p.head)
     assert shlex.split(command_line(cmd)) == cmd
-    inner = launch.ray_serve_command(p)
+    inner = commands.ray_serve_command(p)
     assert shlex.split(command_line(inner)) == inner
     assert shlex.split(inner[-1].split(" > ")[0])[-4:] == odd
     assert env_of(cmd)["WEIRD"] == "it's \"quoted\" $HOME"
-    assert cmd[cmd.index("--env-file") + 1] == launch.ENV_FILE
-    rendered = launch.commands_table(p).to_text() + launch.commands_table(p)._repr_html_()
+    assert cmd[cmd.index("--env-file") + 1] == commands.ENV_FILE
+    rendered = commands.commands_table(p).to_text() + commands.commands_table(p)._repr_html_()
     assert CANARY not in rendered and CANARY not in json.dumps(cmd)
-    assert launch.shown(["echo", CANARY]) == f"echo {MASK}"
-    with_canary = launch.fingerprint(p, p.head, True)
+    assert commands.shown(["echo", CANARY]) == f"echo {MASK}"
+    with_canary = commands.fingerprint(p, p.head, True)
     monkeypatch.setenv("HF_TOKEN", "hf_anotherTOKENvalue42")
-    assert launch.fingerprint(p, p.head, True) == with_canary  # whether a token is set, not its value
+    assert commands.fingerprint(p, p.head, True) == with_canary  # whether a token is set, not its value
 
 
 def test_configured_options_are_checked_against_the_image():
     p = load(PAIR)
-    opts = launch.configured_options(p)
+    opts = configured_options(p)
     assert {"--tensor-parallel-size", "--reasoning-parser", "--enable-auto-tool-choice"} <= set(opts)
-    info = launch.ImageInfo("img", "sha256:1", vllm="0.17.0", ray="2.54.0",
+    info = ImageInfo("img", "sha256:1", vllm="0.17.0", ray="2.54.0",
                             options=[o for o in opts if o != "--reasoning-parser"],
                             architectures=["LlamaForCausalLM"], model_architectures=["Qwen3_5MoeForCausalLM"])
-    v = launch.image_verdict(p, info, need_ray=True)
-    failed = {c.check: c for c in v.failures}
+    failed = {c.check: c for c in failures(image_checks(p, info, need_ray=True))}
     assert "--reasoning-parser" in failed["vllm serve options"].observed
     assert "Qwen3_5MoeForCausalLM" in failed["model architecture"].observed
     assert "Ray in the image" not in failed
-    no_ray = launch.image_verdict(p, launch.ImageInfo("img", "sha256:1", vllm="0.17.0", options=opts),
-                                  need_ray=True)
-    assert [c.check for c in no_ray.failures] == ["Ray in the image"]
+    no_ray = image_checks(p, ImageInfo("img", "sha256:1", vllm="0.17.0", options=opts), need_ray=True)
+    assert [c.check for c in failures(no_ray)] == ["Ray in the image"]
 
 
-FAKE_DOCKER = """#!/bin/sh
-case "$1" in
+# ------------------------------------------------------------- the node scripts, with a fake docker
+
+def fake_tools(tmp_path, monkeypatch, **tools):
+    """Programs named after their keyword (``docker="..."``), first on the PATH of the commands run
+    on this machine; each logs its arguments to ``tmp_path/calls``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, body in tools.items():
+        (bin_dir / name).write_text(f'#!/bin/sh\nprintf "%s\\n" "{name} $*" >> "{tmp_path}/calls"\n{body}')
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    return tmp_path / "calls"
+
+
+def local_params(executor):
+    """parameters/localhost.yaml (this machine as the one node) with ``executor``."""
+    data = yaml.safe_load((ROOT / "parameters" / "localhost.yaml").read_text())
+    data["serving"]["executor"] = executor
+    return validate(data)
+
+
+TAIL_DOCKER = """case "$1" in
   inspect) echo "$FAKE_STATE";;
   exec) [ -n "$FAKE_SERVE_UP" ];;
   logs) echo "last line of the container";;
@@ -135,68 +164,152 @@ esac
 """
 
 
-@pytest.mark.parametrize("executor,state,serve_up,expected", [
+@pytest.mark.parametrize("executor,docker_state,serve_up,expected", [
     ("ray", "running 0 false", "1", "running"),
     ("ray", "running 0 false", "", "serve-exited"),  # the Ray container lives on, vllm serve died
     ("ray", "exited 137 true", "", "exited with code 137, killed for memory (OOM)"),
     ("mp", "exited 143 false", "", "exited with code 143, killed by a signal"),
     ("mp", "running 0 false", "", "running")])
-def test_log_tails_tell_a_dead_server_from_a_live_one(tmp_path, monkeypatch, executor, state, serve_up,
+def test_log_tails_tell_a_dead_server_from_a_live_one(tmp_path, monkeypatch, executor, docker_state, serve_up,
                                                        expected):
-    (tmp_path / "docker").write_text(FAKE_DOCKER)
-    (tmp_path / "docker").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_STATE", state)
+    fake_tools(tmp_path, monkeypatch, docker=TAIL_DOCKER)
+    monkeypatch.setenv("FAKE_STATE", docker_state)
     monkeypatch.setenv("FAKE_SERVE_UP", serve_up)
-    data = yaml.safe_load((ROOT / "parameters" / "localhost.yaml").read_text())
-    data["serving"]["executor"] = executor
-    params = validate(data)
-    tails = launch.log_tails(params, Cluster.from_params(params))
-    assert tails["this-machine"][0] == expected
+    params = local_params(executor)
+    tails = deploy.log_tails(params, Cluster.from_params(params))
+    assert tails["this-machine"] == (expected, "" if executor == "ray" else "last line of the container")
 
 
 def test_ray_containers_outlive_serving_changes_and_vllm_serve_carries_its_fingerprint(tmp_path, monkeypatch):
     p = load(PAIR)
     changed = p.model_copy(update={"serving": p.serving.model_copy(update={"max_model_len": 4096})})
     for n in p.nodes:  # a serving change restarts vllm serve, not the Ray cluster
-        assert launch.fingerprint(changed, n, True) == launch.fingerprint(p, n, True)
-    assert launch.fingerprint(changed, p.head, False) != launch.fingerprint(p, p.head, False)
+        assert commands.fingerprint(changed, n, True) == commands.fingerprint(p, n, True)
+    assert commands.fingerprint(changed, p.head, False) != commands.fingerprint(p, p.head, False)
 
     # vllm serve as started by ray_serve_command, in a "container" that is this machine: a
     # process whose command line holds the pattern, with the environment `docker exec -e` gives
     mark = f"sparkbook-test-serve-{os.getpid()}"
-    monkeypatch.setattr(launch, "SERVE_PATTERN", f"[{mark[0]}]{mark[1:]}")
-    (tmp_path / "docker").write_text('#!/bin/sh\n[ "$1" = exec ] && shift 2 && exec "$@"\n')
-    (tmp_path / "docker").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    data = yaml.safe_load((ROOT / "parameters" / "localhost.yaml").read_text())
-    data["serving"]["executor"] = "ray"
-    local = validate(data)
+    monkeypatch.setattr(deploy, "SERVE_PATTERN", f"[{mark[0]}]{mark[1:]}")
+    fake_tools(tmp_path, monkeypatch, docker='[ "$1" = exec ] && shift 2 && exec "$@"\n')
+    local = local_params("ray")
     cluster = Cluster.from_params(local)
-    assert launch.serving_fingerprint(local, cluster) is None  # not running
-    cmd = launch.ray_serve_command(local)
+    assert deploy.serving_fingerprint(local, cluster) is None  # not running
+    cmd = commands.ray_serve_command(local)
     fp = cmd[cmd.index("-e") + 1]
-    assert fp == f"{launch.SERVE_FP}={launch.fingerprint(local, local.head, False)}"
+    assert fp == f"{commands.SERVE_FP}={commands.fingerprint(local, local.head, False)}"
     name, value = fp.split("=", 1)
     proc = subprocess.Popen(["sh", "-c", f"sleep 30; : {mark}"], env={**os.environ, name: value})
     try:
         time.sleep(0.2)
-        assert launch.serving_fingerprint(local, cluster) == launch.fingerprint(local, local.head, False)
+        assert deploy.serving_fingerprint(local, cluster) == commands.fingerprint(local, local.head, False)
+        deploy.remove_serving(local, cluster)  # stopped, and waited for
+        proc.wait(timeout=5)
+        assert deploy.serving_fingerprint(local, cluster) is None
     finally:
         proc.kill()
         proc.wait()
 
 
+def test_a_container_starts_in_place_of_the_old_one(tmp_path, monkeypatch):
+    calls = fake_tools(tmp_path, monkeypatch, docker='[ "$1" = run ] && echo new-container-id\n')
+    monkeypatch.setattr(state, "LOG_DIR", str(tmp_path / "logs"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    local = local_params("mp")
+    state.start(local, Cluster.from_params(local), local.nodes, ray=False, say=lambda *_: None)
+    rm, run_ = calls.read_text().splitlines()
+    assert rm == "docker rm -f sparkbook-vllm"
+    assert run_ == " ".join(commands.container_command(local, local.head))
+
+
+STATE_DOCKER = """case "$1 $2" in
+  "ps -a") printf 'sparkbook-vllm\\trunning\\tfp1\\nsparkbook-ray\\texited\\t\\n';;
+  "ps -aq") printf 'id1\\nid2\\n';;
+  "inspect --format") printf '/sparkbook-vllm sha256:new\\n/sparkbook-ray sha256:old\\n';;
+  "image inspect") echo sha256:new;;
+esac
+"""
+
+
+def test_node_state_reads_containers_fingerprints_and_images(tmp_path, monkeypatch):
+    calls = fake_tools(tmp_path, monkeypatch, docker=STATE_DOCKER,
+                       ss='echo "LISTEN 0 4096 0.0.0.0:8000 0.0.0.0:* users:((\\"vllm\\",pid=7,fd=3))"\n')
+    local = local_params("mp")
+    st = node_states(local, Cluster.from_params(local))["this-machine"]
+    assert st.error is None
+    assert st.containers == {"sparkbook-vllm": ("running", "fp1"), "sparkbook-ray": ("exited", "")}
+    assert st.runs == {"sparkbook-vllm": "sha256:new", "sparkbook-ray": "sha256:old"}
+    assert st.image == "sha256:new" and st.current("sparkbook-vllm", "fp1")
+    assert not st.current("sparkbook-vllm", "fp2") and not st.running("sparkbook-ray")
+    assert [c.check for c in state.port_conflicts(local, {"this-machine": st})] == ["port free"]
+    said = calls.read_text()
+    assert "--filter label=sparkbook --format {{.Names}}\\t{{.State}}\\t{{.Label \"sparkbook.fingerprint\"}}" in said
+    assert "docker inspect --format {{.Name}} {{.Image}} id1 id2" in said
+    assert f"docker image inspect --format {{{{.Id}}}} -- {local.runtime.image}" in said
+
+
+TEARDOWN_DOCKER = """up="$(dirname "$0")/up"
+case "$1 $2" in
+  "ps -a") [ -e "$up" ] && printf 'sparkbook-vllm\\trunning\\tfp1\\n';;
+  "ps -aq") [ -e "$up" ] && echo id1;;
+  "rm -f") rm -f "$up";;
+  "logs --timestamps") [ "$3" = sparkbook-vllm ] && echo "the last words" && exit
+                       echo "Error response from daemon: No such container: $3" >&2; exit 1;;
+  exec*) echo "Error response from daemon: No such container: $2" >&2; exit 1;;
+esac
+"""
+
+
+def test_teardown_keeps_the_logs_then_removes_every_container(tmp_path, monkeypatch):
+    from sparkbook.serving import teardown as removal
+    from sparkbook.steps import teardown as step
+    calls = fake_tools(tmp_path, monkeypatch, docker=TEARDOWN_DOCKER, ss="")
+    (tmp_path / "bin" / "up").touch()
+    env_file = tmp_path / "secrets.env"
+    env_file.write_text("HF_TOKEN=x\n")
+    monkeypatch.setattr(removal, "ENV_FILE", str(env_file))
+    local = local_params("mp")
+    out = teardown(local, Cluster.from_params(local), tmp_path / "run")
+    assert out.removed == {"this-machine": ["sparkbook-vllm"]}
+    assert not (out.remaining or out.listeners or out.errors)
+    assert "docker rm -f id1" in calls.read_text() and not env_file.exists()
+    logs = tmp_path / "run" / "logs" / "this-machine"
+    assert (logs / "sparkbook-vllm.log").read_text() == "the last words"
+    assert not (logs / "sparkbook-ray.log").exists() and not (logs / "ray_status.log").exists()
+    assert "sparkbook-vllm" in (logs / "containers.log").read_text() and (logs / "processes.log").exists()
+    assert {c.status for c in step.checks(local, out)} == {"PASS"}
+    assert step.table(out).rows == [["this-machine", "sparkbook-vllm", "none", "none"]]
+
+
+def test_the_serving_outcome_names_its_start_up_time_and_its_checks_the_cause():
+    from sparkbook.serving.logs import Diagnosis
+    p = load(PAIR)
+    ready = deploy.Deployment(action="started", ready=True, seconds=41.6, models=[p.served_model])
+    assert ready.key_numbers() == [("vLLM start-up", "ready in 42 s (started)")]
+    assert [(c.check, c.status) for c in serve_step.checks(p, ready)] == [("endpoint ready", "PASS"),
+                                                                          ("served model", "PASS")]
+    killed = deploy.Deployment(action="restarted", seconds=90, stopped={"spark-2": "exited with code 137"},
+                               diagnosis=[Diagnosis("spark-1", "out of memory", "CUDA out of memory", "lower", "x")])
+    assert killed.key_numbers() == [("vLLM start-up", "not ready after 90 s (restarted)")]
+    assert [(c.check, c.node) for c in failures(serve_step.checks(p, killed))] == [
+        ("serving container", "spark-2"), ("startup", "spark-1")]
+    assert "killed" in serve_step.checks(p, killed)[0].remedy
+    assert json.loads(json.dumps(killed.to_json()))["diagnosis"][0]["cause"] == "out of memory"
+    silent = deploy.Deployment(action="started", seen="not ready after 1800 s", logs={"spark-1": "logs/spark-1"})
+    assert [c.check for c in serve_step.checks(p, silent)] == ["startup"]
+    assert serve_step.table(silent).rows[1] == ["ready", "no"]
+
+
 def test_signatures_on_real_vllm_logs():
-    cause, line, remedy = launch.match_signature(field_sample("vllm-error-ray-channel-timeout-1.txt"))
+    cause, line, remedy = match_signature(field_sample("vllm-error-ray-channel-timeout-1.txt"))
     assert "timed out" in cause and "RayChannelTimeoutError" in line and "02_collectives" in remedy
-    cause, line, _ = launch.match_signature(field_sample("vllm-warning-tp-exceeds-gpus-1.txt"))
+    cause, line, _ = match_signature(field_sample("vllm-warning-tp-exceeds-gpus-1.txt"))
     assert "exceeds the GPUs" in cause and "Tensor parallel size (2)" in line
-    assert launch.match_signature(field_sample("vllm-ray-worker-startup-1.txt")) is None
-    assert "port" in launch.match_signature("ERROR [Errno 98] Address already in use")[0]
+    assert match_signature(field_sample("vllm-ray-worker-startup-1.txt")) is None
+    assert "port" in match_signature("ERROR [Errno 98] Address already in use")[0]
     capture = "INFO Capturing CUDA graph shapes: 10%\nINFO model loaded\nINFO Capturing CUDA graph shapes: 50%"
-    assert "CUDA graphs" in launch.match_signature(capture)[0]
-    assert launch.match_signature(capture + "\nINFO Graph capturing finished\nINFO Starting API") is None
+    assert "CUDA graphs" in match_signature(capture)[0]
+    assert match_signature(capture + "\nINFO Graph capturing finished\nINFO Starting API") is None
 
 
 # ------------------------------------------------------------------------------------- on the lab
@@ -241,19 +354,19 @@ def test_ray_cluster_then_tp2_serving_twice_then_teardown_leaves_nothing(lab, pa
             docker(node, "rmi", "sbk-test-keep:latest", check=False)
             docker(node, "image", "prune", "-f", check=False)
     assert (tmp_path / "logs" / "spark-2" / "sparkbook-vllm.log").stat().st_size > 0
-    states = launch.state(params, cluster)
+    states = node_states(params, cluster)
     assert all(not s.containers for s in states.values()), states
     for s in states.values():
         assert not [p for p in params.ports.model_dump().values() if listener(s.listeners, p)]
 
 
 def test_worker_killed_during_startup_fails_naming_it_with_both_logs(lab, params, cluster, tmp_path):
-    from sparkbook import distribute
-    distribute.ensure_image(params, cluster, say=lambda *_: None)
+    from sparkbook.distribution.image import ensure_image
+    ensure_image(params, cluster, say=lambda *_: None)
     worker = lab.nodes()[1]
     box = {}
     t0 = time.monotonic()
-    serving = threading.Thread(target=lambda: box.update(dep=launch.serve(params, cluster, tmp_path,
+    serving = threading.Thread(target=lambda: box.update(dep=deploy.serve(params, cluster, tmp_path,
                                                                           say=lambda *_: None)))
     serving.start()
     # killed once it runs and has said something: during start-up, not before it
@@ -270,44 +383,44 @@ def test_worker_killed_during_startup_fails_naming_it_with_both_logs(lab, params
     took = time.monotonic() - t0
     dep = box["dep"]
     assert not dep.ready and took < params.serving.startup_timeout
-    failed = {(c.check, c.node): c for c in launch.serve_verdict(params, dep).failures}
+    failed = {(c.check, c.node): c for c in failures(serve_step.checks(params, dep))}
     assert "killed" in failed[("serving container", "spark-2")].observed
     for node in ("spark-1", "spark-2"):
         assert (tmp_path / "logs" / node / "sparkbook-vllm.log").stat().st_size > 0
-    assert all(not s.containers for s in launch.state(params, cluster).values()), "left running"
+    assert all(not s.containers for s in node_states(params, cluster).values()), "left running"
 
 
 def test_busy_port_fails_before_any_container_starts(lab, params, cluster, tmp_path):
     faults.apply(lab, "port-busy")
     try:
-        dep = launch.serve(params, cluster, tmp_path, say=lambda *_: None)
-        started = {n: s.containers for n, s in launch.state(params, cluster).items()}
+        dep = deploy.serve(params, cluster, tmp_path, say=lambda *_: None)
+        started = {n: s.containers for n, s in node_states(params, cluster).items()}
     finally:
         faults.heal(lab, "port-busy")
-    failed = launch.serve_verdict(params, dep).failures
+    failed = failures(serve_step.checks(params, dep))
     assert [(c.check, c.node) for c in failed] == [("port free", "spark-1")]
     assert f"port {params.ports.api}" in failed[0].observed and failed[0].remedy
     assert all(not c for c in started.values()), started
 
 
 def test_a_worker_without_the_heads_image_fails_before_anything_starts(lab, params, cluster, tmp_path):
-    from sparkbook import distribute
+    from sparkbook.distribution.image import ensure_image
     from sparkbook.errors import CheckFailed
-    distribute.ensure_image(params, cluster, say=lambda *_: None)
-    launch.teardown(params, cluster, tmp_path)  # nothing serving that would be kept
+    ensure_image(params, cluster, say=lambda *_: None)
+    teardown(params, cluster, tmp_path)  # nothing serving that would be kept
     worker, image = lab.nodes()[1], params.runtime.image
     docker(worker, "tag", image, "sbk-test-keep:latest")  # the layers stay: restored by a tag
     try:
         seen = {}
         docker(worker, "rmi", image)  # the tag only
         with pytest.raises(CheckFailed) as absent:
-            launch.serve(params, cluster, tmp_path, say=lambda *_: None)
-        seen["absent"] = {n: s.containers for n, s in launch.state(params, cluster).items()}
+            deploy.serve(params, cluster, tmp_path, say=lambda *_: None)
+        seen["absent"] = {n: s.containers for n, s in node_states(params, cluster).items()}
         # another image under the tag: the same layers, another ID
         docker(worker, "build", "-q", "-t", image, "-", input="FROM sbk-test-keep:latest\nLABEL x=1\n")
         with pytest.raises(CheckFailed) as other:
-            launch.form_ray_cluster(params, cluster, tmp_path, say=lambda *_: None)
-        seen["other"] = {n: s.containers for n, s in launch.state(params, cluster).items()}
+            form_ray_cluster(params, cluster, tmp_path, say=lambda *_: None)
+        seen["other"] = {n: s.containers for n, s in node_states(params, cluster).items()}
     finally:
         docker(worker, "tag", "sbk-test-keep:latest", image)
         docker(worker, "rmi", "sbk-test-keep:latest", check=False)

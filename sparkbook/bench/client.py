@@ -1,0 +1,157 @@
+"""The benchmark's HTTP client: one connection pool to the server, and one timed, streamed request
+(``request``: what went in, a :class:`~sparkbook.bench.records.RequestRecord` out), as vLLM's
+``benchmarks/lib/endpoint_request_func.py`` has it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import aiohttp
+
+from .. import endpoint as served_api
+from ..errors import SparkbookError
+from .records import PATHS, RequestRecord
+
+
+class ServerError(Exception):
+    """A request the server answered with an error."""
+
+
+def error_text(raw: bytes | str) -> str:
+    """What an error answer says: its ``error.message`` when it is JSON, else its text."""
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+    try:
+        d = json.loads(text)
+        d = d.get("error", d) if isinstance(d, dict) else d
+        text = d.get("message", text) if isinstance(d, dict) else text
+    except ValueError:
+        pass
+    return str(text).strip()[:200]
+
+
+class Session:
+    """One connection pool to one server for one model: what every request of a run shares."""
+
+    def __init__(self, base_url: str, model: str, *, endpoint: str, connections: int, timeout: float,
+                 api_key: str = "EMPTY", temperature: float | None = 0.0):
+        if endpoint not in PATHS:
+            raise ValueError(f"endpoint must be 'chat' or 'completions', not {endpoint!r}")
+        self.api, root = served_api.urls(base_url)
+        self.model, self.endpoint, self.temperature = model, endpoint, temperature
+        self.path = PATHS[endpoint]
+        # aiohttp (C HTTP parser: the client's CPU per token stays below `vllm bench serve`'s, which
+        # uses it too); trust_env off: a proxy from the environment would be measured too
+        self.client = aiohttp.ClientSession(
+            base_url=root, headers={"Authorization": f"Bearer {api_key}"}, trust_env=False,
+            timeout=aiohttp.ClientTimeout(total=timeout, connect=10.0),
+            connector=aiohttp.TCPConnector(limit=connections + 4, keepalive_timeout=served_api.KEEPALIVE_S))
+
+    async def __aenter__(self) -> "Session":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.client.close()
+
+    async def model_card(self) -> dict:
+        """The served model's entry of /v1/models (vLLM's has max_model_len); fails when the
+        server is unreachable or does not serve the model."""
+        try:
+            async with self.client.get("/v1/models") as r:
+                r.raise_for_status()
+                cards = (await r.json())["data"]
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError) as e:
+            raise SparkbookError(f"benchmark: cannot list the models at {self.api}: {e}\n"
+                                 "Is the server up? (the serving and smoke test steps)") from None
+        card = next((c for c in cards if c.get("id") == self.model), None)
+        if card is None:
+            raise SparkbookError(f"benchmark: {self.model!r} is not served at {self.api} "
+                                 f"(served: {', '.join(c.get('id', '?') for c in cards) or 'none'})")
+        return card
+
+    async def tokenize(self, form: str, text: str) -> int:
+        """vLLM's ``POST /tokenize``: the token count of ``text`` as a user message with the chat
+        template applied (``form="messages"``) or as a bare prompt (``"prompt"``)."""
+        body: dict[str, Any] = {"model": self.model}
+        if form == "messages":
+            body.update(messages=[{"role": "user", "content": text}], add_generation_prompt=True)
+        else:
+            body["prompt"] = text
+        async with self.client.post("/tokenize", json=body) as r:
+            if r.status != 200:
+                raise ServerError(f"/tokenize: HTTP {r.status}: {error_text(await r.read())}")
+            return int((await r.json())["count"])
+
+    def body(self, prompt: str, output_tokens: int) -> dict:
+        b: dict[str, Any] = {"model": self.model, "max_tokens": output_tokens,
+                             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+        if self.temperature is not None:
+            b["temperature"] = self.temperature
+        if self.endpoint == "chat":
+            b["messages"] = [{"role": "user", "content": prompt}]
+        else:
+            b["prompt"] = prompt
+        return b
+
+    async def request(self, prompt: str, output_tokens: int, index: int, t0: float) -> RequestRecord:
+        """One streamed request, timed. Parses each SSE event with one json.loads and keeps only
+        timestamps: no per-token work beyond that."""
+        rec, marks, bare, usage = RequestRecord(index), [], [], None
+        body = self.body(prompt, output_tokens)
+        sent = time.perf_counter()
+        rec.sent_s = sent - t0
+        try:
+            async with self.client.post(self.path, json=body) as resp:
+                if resp.status != 200:
+                    raise ServerError(f"HTTP {resp.status}: {error_text(await resp.read())}")
+                buf = b""
+                async for piece in resp.content.iter_any():  # whatever arrived: one or more events
+                    now = time.perf_counter()
+                    *lines, buf = (buf + piece).split(b"\n")
+                    for line in lines:
+                        if not line.startswith(b"data:"):
+                            continue
+                        data = line[5:].strip()
+                        if data == b"[DONE]":
+                            break
+                        event = json.loads(data)
+                        if "error" in event or event.get("object") == "error":
+                            raise ServerError(f"error in the stream: {error_text(data)}")
+                        usage = event.get("usage") or usage
+                        for c in event.get("choices") or ():
+                            d = c.get("delta") or c
+                            if (d.get("content") or d.get("text") or d.get("reasoning_content")
+                                    or d.get("reasoning") or d.get("tool_calls")):
+                                marks.append(now)
+                            else:  # a token with no text of its own (a special token, part of a character)
+                                bare.append(now)
+                            rec.finish_reason = c.get("finish_reason") or rec.finish_reason
+                end = time.perf_counter()
+        except ServerError as e:
+            rec.error = str(e)
+            return rec
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+            rec.error = f"{type(e).__name__}: {e}".rstrip(": ")
+            return rec
+        if not usage or not usage.get("completion_tokens"):
+            rec.error = "no usage in the stream (stream_options.include_usage not honoured)"
+            return rec
+        if not marks:  # every token was text-less (a random model can loop on a special token):
+            marks = bare  # time the tokens as they came
+        if not marks:
+            rec.error = "no token streamed"
+            return rec
+        rec.prompt_tokens, rec.output_tokens = usage.get("prompt_tokens"), usage["completion_tokens"]
+        rec.chunks = len(marks)
+        ttft, e2e = marks[0] - sent, end - sent
+        rec.ttft_ms, rec.e2e_ms = ttft * 1e3, e2e * 1e3
+        rec.itl_ms = [round((b - a) * 1e3, 3) for a, b in zip(marks, marks[1:])]
+        if rec.output_tokens > 1 and e2e > ttft:
+            rec.tpot_ms = (e2e - ttft) * 1e3 / (rec.output_tokens - 1)
+            rec.decode_tok_s = (rec.output_tokens - 1) / (e2e - ttft)
+        if rec.prompt_tokens and ttft > 0:
+            rec.prefill_tok_s = rec.prompt_tokens / ttft
+        rec.ok = True
+        return rec

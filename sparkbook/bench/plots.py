@@ -1,0 +1,141 @@
+"""The benchmark's figures: this run against earlier runs of the same model (dashed) and the
+reference numbers (dotted), each saved as ``RUN_DIR/benchmark/NAME.png``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..params import Reference
+from .records import FOLDER, LevelResult, Results
+
+Metric = Callable[[LevelResult], float | None]
+PERCENTILE_STYLES = (("p50", "-"), ("p90", "--"), ("p99", ":"))
+LATENCIES = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "itl_ms": "ITL", "e2e_ms": "E2E latency"}
+
+
+def plot(results: Results, run_dir: Path | None = None, *, earlier: Sequence[Results] = (),
+         references: Sequence[Reference] = ()) -> dict[str, Any]:
+    """The figures, each saved as ``RUN_DIR/benchmark/NAME.png`` when ``run_dir`` is given:
+    throughput and per-user tok/s vs concurrency, latency percentiles vs concurrency, TTFT and ITL
+    distributions, tok/s vs context depth, and the rate sweep; earlier runs (see
+    :func:`sparkbook.bench.records.earlier`) as dashed lines, the references as horizontal lines."""
+    f = _Figures(results, run_dir, earlier, references)
+    if results.concurrency:
+        f.throughput()
+        f.latency()
+        f.distributions()
+    if results.depths:
+        f.depth()
+    if results.rates:
+        f.rates()
+    return f.figs
+
+
+def _xy(levels: list[LevelResult], x: str, y: Metric) -> tuple[list, list]:
+    pts = [(getattr(lv, x), y(lv)) for lv in levels if y(lv) is not None]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+class _Figures:
+    def __init__(self, results: Results, run_dir: Path | None, earlier: Sequence[Results],
+                 references: Sequence[Reference]):
+        import matplotlib.pyplot as plt
+
+        self.plt, self.results, self.run_dir, self.earlier = plt, results, run_dir, earlier
+        self.refs = [r for r in references if r.single_user_tok_s]
+        self.figs: dict[str, Any] = {}
+
+    def lines(self, ax, group: str, x: str, y: Metric) -> None:
+        """This run's ``group`` of levels, then each earlier run's, dashed."""
+        ax.plot(*_xy(getattr(self.results, group), x, y), marker="o", label="this run")
+        for old in self.earlier:
+            xs, ys = _xy(getattr(old, group), x, y)
+            if xs:
+                ax.plot(xs, ys, linestyle="--", marker=".", alpha=0.6, label=old.source or old.started)
+
+    def speeds(self, group: str, x: str, left: tuple[str, Metric], right: tuple[str, Metric]):
+        """Two panels of tok/s over ``x``; the references on the right one (a per-user speed)."""
+        fig, (a, b) = self.plt.subplots(1, 2, figsize=(11, 4))
+        for ax, (what, y) in ((a, left), (b, right)):
+            self.lines(ax, group, x, y)
+            ax.set_ylabel(what)
+        for i, r in enumerate(self.refs):
+            b.axhline(r.single_user_tok_s, color=f"C{(i + 3) % 10}", linestyle=":",
+                      label=f"{r.label}: {r.single_user_tok_s:g} tok/s")
+        return fig, (a, b)
+
+    def concurrency_axis(self, ax) -> None:
+        cs = [lv.concurrency for lv in self.results.concurrency]
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(cs, [str(c) for c in cs])
+        ax.minorticks_off()
+        ax.set_xlabel("concurrency")
+
+    def finish(self, name: str, fig, title: str) -> None:
+        for ax in fig.axes:
+            ax.grid(True, alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=8)
+        fig.suptitle(f"{title}: {self.results.model}")
+        fig.tight_layout()
+        if self.run_dir is not None:
+            path = Path(self.run_dir) / FOLDER / f"{name}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fig.savefig(path, dpi=110)
+        self.plt.close(fig)  # shown by returning it, not by pyplot's state
+        self.figs[name] = fig
+
+    def throughput(self) -> None:
+        fig, axes = self.speeds("concurrency", "concurrency",
+                                ("output tok/s (all users)", lambda lv: lv.output_tok_s),
+                                ("decode tok/s per user", lambda lv: lv.per_user_tok_s))
+        for ax in axes:
+            self.concurrency_axis(ax)
+        self.finish("throughput", fig, "throughput")
+
+    def latency(self) -> None:
+        fig, axes = self.plt.subplots(2, 2, figsize=(11, 7))
+        for ax, (m, name) in zip(axes.flat, LATENCIES.items()):
+            for p, style in PERCENTILE_STYLES:
+                ax.plot(*_xy(self.results.concurrency, "concurrency", lambda lv: getattr(lv, m)[p]),
+                        linestyle=style, marker="o", label=f"{p}")
+            for old in self.earlier:
+                xs, ys = _xy(old.concurrency, "concurrency", lambda lv: getattr(lv, m)["p50"])
+                if xs:
+                    ax.plot(xs, ys, linestyle="--", marker=".", alpha=0.5,
+                            label=f"p50 {old.source or old.started}")
+            ax.set_ylabel(f"{name} (ms)")
+            self.concurrency_axis(ax)
+        self.finish("latency", fig, "latency percentiles")
+
+    def distributions(self) -> None:
+        levels = self.results.concurrency
+        fig, (a, b) = self.plt.subplots(1, 2, figsize=(11, 4))
+        a.boxplot([[r.ttft_ms for r in lv.requests if r.ok] or [np.nan] for lv in levels])
+        b.boxplot([[x for r in lv.requests if r.ok for x in r.itl_ms] or [np.nan] for lv in levels],
+                  showfliers=False)
+        a.set(ylabel="TTFT (ms)")
+        b.set(ylabel="ITL (ms), outliers hidden")
+        for ax in (a, b):
+            ax.set_xticks(range(1, len(levels) + 1), [lv.label for lv in levels])
+        self.finish("distributions", fig, "TTFT and ITL distributions")
+
+    def depth(self) -> None:
+        fig, axes = self.speeds("depths", "depth", ("prefill tok/s", lambda lv: lv.prefill_tok_s),
+                                ("decode tok/s", lambda lv: lv.decode_tok_s))
+        for ax in axes:
+            ax.set_xlabel("context depth (tokens before the prompt)")
+        self.finish("depth", fig, "single user by context depth")
+
+    def rates(self) -> None:
+        fig, (a, b) = self.plt.subplots(1, 2, figsize=(11, 4))
+        self.lines(a, "rates", "request_rate", lambda lv: lv.output_tok_s)
+        for p, style in (("p50", "-"), ("p99", ":")):
+            b.plot(*_xy(self.results.rates, "request_rate", lambda lv: lv.ttft_ms[p]), linestyle=style,
+                   marker="o", label=f"TTFT {p}")
+        a.set(xlabel="request rate (req/s)", ylabel="output tok/s")
+        b.set(xlabel="request rate (req/s)", ylabel="TTFT (ms)")
+        self.finish("rates", fig, "open-loop request rate")

@@ -1,0 +1,404 @@
+"""The head's image on every node, sending only what is missing.
+
+One ``docker save`` on the head (or a read of its layer store) streams through
+``scripts/imagestream.py`` (run on the head) into one ``ssh WORKER docker load`` per worker, over the
+fabric, without a file on either side. Each worker's stream leaves out the layers that worker
+already holds (see the script for why ``docker load`` accepts that), so a new nightly that shares
+its base costs only its new layers. Or, for nodes that can reach a registry, ``docker pull`` on
+every node.
+
+:func:`distribute_image` never raises for one node's failure (:func:`image_checks` fails on it);
+:func:`ensure_image` is the form for steps that need the image before their work.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, TypedDict
+
+from ..params import Node, Params
+from ..parsers import parse_sections
+from ..progress import Progress, bar
+from ..remote import REMOTE_DIR, Cluster, Script, peer_ssh, script
+from ..scripts.imagestream import chain_ids
+from ..tables import Table, human_bytes, short_id
+from ..verdict import FAIL, PASS, WARN, Check, Verdict
+from .lines import Lines, number
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "imagestream.py"
+STREAM = f"{REMOTE_DIR}/imagestream.py"
+
+Say = Callable[[str], object]
+
+
+# ----------------------------------------------------------------------------------------- survey
+
+@dataclass
+class NodeImage:
+    """What a node's Docker holds and can do, as far as distribution cares."""
+    node: str
+    id: str | None = None
+    size: int | None = None
+    docker: str = ""
+    driver: str = ""
+    root: str = ""
+    containerd_store: bool = False
+    layers: list[str] = field(default_factory=list)    # the configured image's diff IDs
+    chains: set[str] = field(default_factory=set)      # every layer chain the node holds
+    zstd: bool = False
+    error: str | None = None
+
+    def held(self, layers: list[str]) -> list[str]:
+        """The layer chains of an image with diff IDs ``layers`` that this node holds."""
+        return [c for c in chain_ids(layers) if c in self.chains]
+
+    @property
+    def store(self) -> dict | None:
+        """Where the stream script may read layers directly (overlay2, classic store)."""
+        if self.driver == "overlay2" and not self.containerd_store and self.root.startswith("/") and self.id:
+            return {"root": self.root, "driver": self.driver, "image_id": self.id}
+        return None
+
+    @property
+    def skips_layers(self) -> bool:
+        """Docker's classic image store loads an archive without the layers it holds; the containerd
+        image store (optional since Docker 24, default on new installs of 29) wants every blob."""
+        return not self.containerd_store and not self.error
+
+
+@dataclass
+class Survey:
+    """Every node's view of the configured image, taken before a copy."""
+    image: str
+    head: str
+    nodes: dict[str, NodeImage]
+
+    @property
+    def head_image(self) -> NodeImage:
+        return self.nodes[self.head]
+
+
+def survey_script(image: str) -> Script:
+    """``image_survey.sh``: one section per fact (see the script)."""
+    return script("image_survey.sh", image)
+
+
+def parse_survey(node: str, text: str) -> NodeImage:
+    s = parse_sections(text)
+    out = NodeImage(node, docker=s.get("docker", "").strip(), zstd=s.get("zstd", "absent").strip() != "absent")
+    ident = s.get("id", "absent").split()
+    if ident and ident[0] != "absent":
+        out.id, out.size = ident[0], int(ident[1]) if len(ident) > 1 else None
+    driver = s.get("driver", "").strip()
+    out.driver = driver.split(" ", 1)[0]
+    out.root = s.get("root", "").strip()
+    out.containerd_store = "io.containerd.snapshotter" in driver
+    if s.get("image layers", "").startswith("["):
+        out.layers = json.loads(s["image layers"])
+    for line in s.get("layers", "").splitlines():
+        if line.startswith("["):
+            out.chains.update(chain_ids(json.loads(line)))
+    return out
+
+
+def survey(params: Params, cluster: Cluster) -> Survey:
+    """Every node's view of the configured image (one round trip)."""
+    res = cluster.run(survey_script(params.runtime.image))
+    return Survey(params.runtime.image, params.head.name,
+                  {n: parse_survey(n, r.stdout) if r.ok else NodeImage(n, error=r.summary())
+                   for n, r in res.items()})
+
+
+def image_ids(params: Params, cluster: Cluster) -> dict[str, str | None]:
+    """The configured image's ID on every reachable node (None where absent)."""
+    res = cluster.run(["docker", "image", "inspect", "--format", "{{.Id}}", params.runtime.image])
+    return {n: (r.stdout.strip() if r.ok else None) for n, r in res.items()}
+
+
+def survey_table(found: Survey) -> Table:
+    head = found.head_image
+    rows = [[n, s.error or short_id(s.id), "" if s.error else "yes" if s.id == head.id else "no",
+             s.docker, "containerd" if s.containerd_store else s.driver and f"classic ({s.driver})",
+             f"{len(s.held(head.layers))} of {len(head.layers)}", "yes" if s.zstd else "no"]
+            for n, s in found.nodes.items()]
+    return Table(["node", "image", "same as head", "docker", "image store", "layers held", "zstd"],
+                 rows, title=f"{found.image} on every node")
+
+
+# ------------------------------------------------------------------------------------------- copy
+
+class Probe(TypedDict, total=False):
+    """The compression choice, and what ``imagestream.py probe`` measured for it."""
+    decision: str
+    error: str
+    pipe_mb_s: dict[str, float]   # worker -> raw SSH pipe throughput
+    zstd_mb_s: float
+    zstd_ratio: float
+
+
+class StreamEnd(TypedDict):
+    """``imagestream.py stream``'s DONE record of one worker."""
+    name: str
+    code: int
+    sent: int
+    wire: int
+    skipped: int
+    layers_skipped: int
+    error: str | None
+    output: list[str]
+    source: str
+    held: int
+
+
+@dataclass
+class Transfer:
+    """One worker's copy: what was sent, left out, how fast, and how it ended."""
+    node: str
+    method: str
+    compressed: bool = False
+    read_from: str = ""  # what produced the archive: the head's layer store, or docker save
+    sent: int = 0        # archive bytes streamed
+    wire: int = 0        # bytes through SSH (fewer than sent when compressed)
+    skipped: int = 0     # archive bytes left out: layers the worker holds
+    layers_held: int = 0  # layers the worker held already: never read, or left out of its stream
+    seconds: float = 0.0
+    error: str | None = None
+    output: list[str] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def rate_mb_s(self) -> float:
+        return self.wire / self.seconds / 1e6 if self.seconds else 0.0
+
+
+@dataclass
+class ImageOutcome:
+    """What a copy found and did: every node's image ID before and after, and each worker's copy."""
+    image: str
+    source: str
+    head: str
+    head_id: str | None
+    before: dict[str, str | None]
+    after: dict[str, str | None] = field(default_factory=dict)
+    transfers: list[Transfer] = field(default_factory=list)
+    probe: Probe = field(default_factory=Probe)
+    errors: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def reference(self) -> str | None:
+        """The ID every node must hold: the head's (after a pull, the head's new one)."""
+        return self.after.get(self.head) if self.source == "registry" else self.head_id
+
+    @property
+    def complete(self) -> bool:
+        """Every node holds the reference image."""
+        ref = self.reference
+        return ref is not None and all(self.after.get(n) == ref for n in {**self.before, **self.after})
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "transfers": [{**asdict(t), "rate_mb_s": round(t.rate_mb_s, 1)}
+                                              for t in self.transfers]}
+
+
+def choose_compression(params: Params, cluster: Cluster, head: NodeImage,
+                       workers: list[Node], nodes: dict[str, NodeImage]) -> tuple[bool, Probe]:
+    """zstd on the stream: ``on``/``off`` as asked (``on`` needs zstd at both ends), ``auto`` when
+    both ends have it and zstd -1 on the head outruns the SSH pipe to the slowest worker."""
+    mode = params.distribution.compress
+    both = head.zstd and all(nodes[w.name].zstd for w in workers)
+    if mode == "off":
+        return False, {"decision": "off (parameter)"}
+    if not both:
+        lacking = [n for n in [head.node] + [w.name for w in workers] if not nodes[n].zstd]
+        return False, {"decision": f"off: no zstd on {', '.join(lacking)}"}
+    if mode == "on":
+        return True, {"decision": "on (parameter)"}
+    spec = {"workers": [{"name": w.name, "ssh": peer_ssh(w)} for w in workers]}
+    r = cluster.run_on(params.head, ["python3", STREAM, "probe", json.dumps(spec)], timeout=120)
+    found = re.search(r"^PROBE (.*)$", r.stdout, re.M)
+    if not r.ok or not found:
+        return False, {"decision": "off: the probe failed", "error": r.summary()}
+    probe: Probe = json.loads(found.group(1))
+    pipe = min(probe["pipe_mb_s"].values(), default=0)
+    fast = probe.get("zstd_mb_s", 0) > pipe > 0
+    probe["decision"] = (f"{'on' if fast else 'off'}: zstd -1 {probe.get('zstd_mb_s', 0):.0f} MB/s "
+                         f"{'>' if fast else '<='} SSH pipe {pipe:.0f} MB/s")
+    return fast, probe
+
+
+def _transfer(worker: NodeImage, compress: bool, seconds: float, end: StreamEnd | None,
+              failure: str) -> Transfer:
+    """A worker's copy from the stream's DONE record (``end``; None when the stream ended
+    without one, for the reason ``failure``)."""
+    t = Transfer(worker.node, "layer-skipping stream" if worker.skips_layers else "full stream",
+                 compress, seconds=seconds)
+    if not worker.skips_layers:
+        t.note = (f"{worker.node}'s Docker uses the containerd image store, which needs every layer "
+                  "in the archive: the whole image was sent")
+    if end is None:
+        t.error = f"the stream ended without a result: {failure}"
+    else:
+        t.sent, t.wire, t.skipped = end["sent"], end["wire"], end["skipped"]
+        t.layers_held, t.read_from = end["held"], end["source"]
+        t.error, t.output = end["error"], end["output"]
+        if t.error and end["output"]:
+            t.error += f": {end['output'][-1]}"
+    return t
+
+
+def stream_from_head(params: Params, cluster: Cluster, workers: list[Node],
+                     nodes: dict[str, NodeImage], compress: bool, show: bool = True) -> list[Transfer]:
+    """One read of the image on the head per batch of ``distribution.parallel`` workers, each
+    worker's stream without the layers it holds (where its Docker allows that)."""
+    transfers = []
+    reader, head = params.distribution.reader, nodes[params.head.name]
+    store = head.store if reader != "docker-save" else None
+    if store and reader == "container":
+        store = {**store, "via": "container"}
+    step = params.distribution.parallel
+    for i in range(0, len(workers), step):
+        batch = workers[i:i + step]
+        spec = {"image": params.runtime.image, "store": store, "workers": [
+            {"name": w.name, "ssh": peer_ssh(w), "zstd": compress,
+             "have": nodes[w.name].held(head.layers) if nodes[w.name].skips_layers else []}
+            for w in batch]}
+        done: dict[str, StreamEnd] = {}
+        start = time.monotonic()
+        with Progress(f"{params.runtime.image} from {params.head.name}") as progress:
+            def each(line: str) -> None:
+                m = re.match(r"\[[^]]+\] (PROGRESS|DONE) (.*)", line)
+                if m and m.group(1) == "DONE":
+                    end: StreamEnd = json.loads(m.group(2))
+                    done[end["name"]] = end
+                elif m and show:
+                    name, sent, _skipped, expected, wire = m.group(2).split()
+                    progress.update(name, bar(number(sent), max(number(expected), number(sent)), start)
+                                    + f"  (on the wire {human_bytes(number(wire))})")
+
+            r = cluster.run_on(params.head, ["python3", STREAM, "stream", json.dumps(spec)],
+                               timeout=params.distribution.timeout_s, stream=Lines(each))
+        took = time.monotonic() - start
+        transfers += [_transfer(nodes[w.name], compress, took, done.get(w.name), r.summary()) for w in batch]
+    return transfers
+
+
+def distribute_image(params: Params, cluster: Cluster, found: Survey | None = None,
+                     say: Say = print, show: bool = True) -> ImageOutcome:
+    """Make every node hold the head's image (or pull it everywhere); never raises for one node's
+    failure: the outcome records it, and :func:`image_checks` fails on it. ``found``: a
+    :func:`survey` just taken."""
+    start = time.monotonic()
+    image, source = params.runtime.image, params.distribution.source
+    found = found or survey(params, cluster)
+    nodes, head = found.nodes, found.head_image
+    out = ImageOutcome(image, source, found.head, head.id, {n: s.id for n, s in nodes.items()})
+    out.errors.update({n: s.error for n, s in nodes.items() if s.error})
+    if source == "registry":
+        say(f"pulling {image} on every node")
+        pulled = cluster.run(["docker", "pull", image], timeout=params.distribution.timeout_s, stream=True)
+        out.errors.update({n: r.summary() for n, r in pulled.items() if not r.ok})
+    elif head.id is None:
+        out.errors[params.head.name] = head.error or f"{image} is not on the head"
+    else:
+        todo = [w for w in params.workers if not nodes[w.name].error and nodes[w.name].id != head.id]
+        if not todo:
+            say(f"{image} ({short_id(head.id)}) is already on every node: nothing to send")
+        else:
+            cluster.put(SCRIPT, STREAM, [params.head]).check("copy the image stream script to the head")
+            compress, out.probe = choose_compression(params, cluster, head, todo, nodes)
+            for w in todo:
+                mine = nodes[w.name]
+                say(f"{w.name}: holds {short_id(mine.id)}; " + (
+                    f"{len(mine.held(head.layers))} of the image's {len(head.layers)} layers "
+                    "already there" if mine.skips_layers else "its Docker cannot load a partial archive"))
+            say(f"streaming from {params.head.name}, compression {out.probe['decision']}")
+            out.transfers = stream_from_head(params, cluster, todo, nodes, compress, show)
+            out.errors.update({t.node: t.error for t in out.transfers if t.error})
+    out.after = image_ids(params, cluster)
+    out.seconds = time.monotonic() - start
+    return out
+
+
+def ensure_image(params: Params, cluster: Cluster, say: Say = print) -> ImageOutcome:
+    """Make sure every node holds the head's image (for steps that need it before 03 ran): what
+    was copied, or :class:`CheckFailed` naming each node that does not hold it."""
+    out = distribute_image(params, cluster, say=say)
+    Verdict("image", image_checks(params, out)).raise_for_failures()
+    return out
+
+
+# ------------------------------------------------------------------------------- what it says
+
+def image_checks(params: Params, out: ImageOutcome) -> list[Check]:
+    """Node by node: the head's image ID, and where a worker's Docker could not skip layers."""
+    checks = []
+    ref = out.reference
+    by_node = {t.node: t for t in out.transfers}
+    for node in params.nodes:
+        got = out.after.get(node.name)
+        t = by_node.get(node.name)
+        cmd = (f"({t.read_from or 'docker save'} of {out.image}) | ssh {node.peer_target} docker load" if t else
+               f"docker pull {out.image}" if out.source == "registry" else
+               f"docker image inspect {out.image}")
+        if ref is None:
+            checks.append(Check("image ID", node.name, FAIL, out.errors.get(node.name, "absent"),
+                                f"{out.image} on the head", f"`docker pull {out.image}` (or build it) on "
+                                f"{params.head.name}" if out.source == "head" else
+                                "check the image name and that the nodes can reach the registry", cmd))
+        elif got == ref:
+            moved = (f"; sent {human_bytes(t.wire)}, {t.layers_held} layer(s) already there"
+                     if t else "")
+            checks.append(Check("image ID", node.name, PASS, short_id(got) + moved, short_id(ref)))
+        else:
+            seen = out.errors.get(node.name) or f"{short_id(got)} after the copy"
+            checks.append(Check("image ID", node.name, FAIL, seen, short_id(ref),
+                                "check the node's disk space (`df -h` on the Docker root) and head-to-"
+                                "worker SSH (01_preflight), then run this step again: the copy "
+                                "restarts cleanly", cmd))
+        if t and t.note:
+            checks.append(Check("layer skipping", node.name, WARN, t.note, "classic image store"))
+    return checks
+
+
+def transfers_summary(out: ImageOutcome) -> str:
+    """``spark-2: 4.12 GB in 63 s (3 layers already there)`` per worker, or ``already on every
+    node`` (the report's key number)."""
+    if not out.transfers:
+        return "already on every node"
+    return "; ".join(f"{t.node}: {_copied(t)}" for t in out.transfers)
+
+
+def _copied(t: Transfer, to: str = "") -> str:
+    return (f"{t.wire / 1e9:.2f} GB{to} in {t.seconds:.0f} s"
+            + (f" ({t.layers_held} layers already there)" if t.layers_held else ""))
+
+
+def copy_checks(params: Params, out: ImageOutcome) -> list[Check]:
+    """A copy made before a step's work, as one check: what was copied, to which node, how many
+    bytes and how long; or, where it failed, the failing rows of :func:`image_checks`."""
+    rows = image_checks(params, out)
+    others = [c for c in rows if c.status != PASS]
+    if any(c.status == FAIL for c in rows):
+        return others
+    if out.source == "registry":
+        seen = f"pulled on every node in {out.seconds:.0f} s"
+    elif out.transfers:
+        seen = "copied " + ", ".join(_copied(t, f" to {t.node}") for t in out.transfers)
+    else:
+        seen = "already on every node"
+    return [Check("serving image on every node", "all", PASS, seen,
+                  f"the head's {out.image} ({short_id(out.reference)})")] + others
+
+
+def image_table(out: ImageOutcome) -> Table:
+    rows = [[t.node, t.method, t.read_from, "zstd" if t.compressed else "none", human_bytes(t.sent),
+             human_bytes(t.wire), t.layers_held, f"{t.seconds:.1f}", f"{t.rate_mb_s:.0f}",
+             t.error or "ok"] for t in out.transfers]
+    return Table(["node", "method", "read from", "compression", "archive sent", "on the wire",
+                  "layers already there", "seconds", "wire MB/s", "result"], rows,
+                 title=f"{out.image}: copies from the head")

@@ -1,0 +1,13 @@
+"""Preflight (01, and ``sparkbook preflight``): every known multi-node failure, checked before
+launch.
+
+:func:`gather` runs one bundle of node scripts per node, in one SSH round trip each (all nodes
+at once), and parses what each node reported; :func:`checks` then compares it with the
+parameters and across nodes. Each check is a row: check, node, status, observed, expected,
+remedy.
+"""
+
+from .checks import checks
+from .collect import NodeReport, Preflight, gather
+
+__all__ = ["NodeReport", "Preflight", "checks", "gather"]

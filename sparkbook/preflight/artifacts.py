@@ -1,0 +1,68 @@
+"""Preflight checks of what the deployment brings: the image (the head's, the same on every node
+or still to distribute), the model (the head's files on every node) and the Hugging Face token."""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+from ..manifest import diff_manifests
+from ..params import Params
+from ..tables import short_id
+from ..verdict import FAIL, PASS, SKIP, WARN, Check
+from .collect import Preflight
+
+
+def image(params: Params, pf: Preflight) -> Iterator[Check]:
+    if params.runtime.kind != "docker":
+        return
+    name, head = params.runtime.image, params.head.name
+    ref = pf.nodes[head]["image"] if head in pf.nodes else None
+    for node in pf.up(params):
+        img = pf.nodes[node.name]["image"]
+        if node.name == head:
+            ok = img is not None
+            yield Check("image", node.name, PASS if ok else FAIL, short_id(img) if ok else "absent",
+                        f"{name} on the head", "" if ok else f"`docker pull {name}` (or build it) on the head",
+                        f"docker image inspect {name}")
+        elif img is None:
+            yield Check("image", node.name, WARN, "absent: to distribute", short_id(ref),
+                        "03_distribute_image sends it from the head")
+        else:
+            ok = img == ref
+            yield Check("image", node.name, PASS if ok else FAIL, short_id(img), short_id(ref),
+                        "" if ok else f"a different image under {name}: "
+                        "03_distribute_image replaces it with the head's", f"docker image inspect {name}")
+
+
+def model(params: Params, pf: Preflight) -> Iterator[Check]:
+    m, head = params.model, params.head.name
+    ref = pf.nodes[head]["model"] if head in pf.nodes else None
+    for node in pf.up(params):
+        files = pf.nodes[node.name]["model"]
+        if files is None:
+            yield Check("model", node.name, FAIL if node.name == head else WARN, f"{m.path} absent",
+                        "the model on every node", "download it on the head (huggingface-cli download "
+                        f"{m.name} --local-dir {m.path}); 03 copies it to the workers")
+        elif node.name == head or ref is None:
+            size = sum(f["size"] for f in files.values()) / 1e9
+            yield Check("model", node.name, PASS, f"{len(files)} files, {size:.2f} GB", "the model on every node")
+        else:
+            diff = diff_manifests(ref, files)
+            yield Check("model", node.name, FAIL if diff else PASS,
+                        "differs: " + ", ".join(diff[:6]) + (" ..." if len(diff) > 6 else "") if diff
+                        else f"identical to {head} ({len(files)} files)", f"identical to {head}",
+                        "03_distribute_image (model sync) copies the differing files from the head"
+                        if diff else "", f"find {m.path} -type f; sha256sum")
+
+
+def hf_token(params: Params, pf: Preflight) -> Iterator[Check]:
+    """The token is set on this machine where the model needs one (never shown)."""
+    env = params.model.hf_token_env
+    if not params.model.needs_token:
+        yield Check("hf token", "local", SKIP, "the model needs no token")
+        return
+    ok = bool(os.environ.get(env))
+    yield Check("hf token", "local", PASS if ok else FAIL, f"${env} {'is set (hidden)' if ok else 'is not set'}",
+                f"${env} set on this machine", "" if ok else f"export {env}=... (from huggingface.co "
+                "settings) before starting Jupyter or sparkbook")

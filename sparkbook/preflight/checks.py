@@ -1,0 +1,29 @@
+"""Every preflight check, in the order of the verdict table: each group compares what the nodes
+reported (:class:`~sparkbook.preflight.collect.Preflight`) with the parameters and with each
+other; one row per check, node and thing checked."""
+
+from __future__ import annotations
+
+from ..params import Params
+from ..verdict import Check
+from . import artifacts, fabric, nodes, reach
+from .collect import Preflight
+
+
+def checks(params: Params, pf: Preflight) -> list[Check]:
+    return [
+        *reach.ssh(params, pf),
+        *reach.head_to_workers(params, pf),
+        *nodes.sameness(params, pf),
+        *nodes.gpus(params, pf),
+        *nodes.runtime(params, pf),
+        *fabric.rails(params, pf),
+        *fabric.rail_subnets(params, pf),
+        *nodes.clocks(params, pf),
+        *nodes.ports(params, pf),
+        *nodes.disks(params, pf),
+        *artifacts.image(params, pf),
+        *artifacts.model(params, pf),
+        *artifacts.hf_token(params, pf),
+        *reach.unreachable(params, pf),
+    ]

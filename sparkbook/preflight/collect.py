@@ -1,0 +1,165 @@
+"""What preflight learns from each node: one bundle of node scripts per node, one SSH round trip
+each (all nodes at once), parsed into one :class:`NodeReport` per node; then one short round trip
+for the clocks."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypedDict
+
+from .. import inventory
+from ..inventory import NodeFacts, NodeRow
+from ..manifest import Manifest, manifest_script, parse_manifest
+from ..params import Node, Params
+from ..parsers import (IbDevice, LinkSpeed, RailMap, SmiTable, parse_ethtool, parse_ibdev2netdev,
+                       parse_ibstat, parse_ibv_devinfo, parse_nvidia_smi_table, parse_sections)
+from ..remote import Bundle, Cluster, bundle, peer_ssh, script
+from ..step import Outcome
+
+# Processes that hold GPU memory when left over from an earlier run.
+STALE = r"vllm|VLLM::|raylet|gcs_server|ray::|torchrun"
+
+
+class Address(TypedDict, total=False):
+    family: str  # inet, inet6
+    local: str
+    prefixlen: int
+
+
+class Link(TypedDict, total=False):
+    """An interface as ``ip -j addr show`` prints it (the fields read here; the others are kept)."""
+    ifname: str
+    mtu: int
+    operstate: str
+    addr_info: list[Address]
+
+
+class Ping(TypedDict):
+    interface: str
+    peer: str  # the peer's address on the same rail
+    ok: bool  # the don't-fragment ping was answered
+
+
+class NodeReport(TypedDict):
+    """Everything one node reported, parsed; None where the tool is not installed."""
+    facts: NodeFacts
+    smi: SmiTable | None
+    ibdev2netdev: dict[str, RailMap] | None
+    ibstat: dict[str, IbDevice] | None
+    ibv_devinfo: dict[str, IbDevice] | None
+    ethtool: dict[str, LinkSpeed]  # rail interface -> its speed
+    links: dict[str, Link]  # interface -> its link and addresses
+    ping: list[Ping]
+    listeners: list[str]  # ss -ltnp lines
+    processes: list[str]  # "PID COMMAND LINE" of possibly stale processes
+    containers: list[list[str]]  # [name, image, status]
+    image: str | None  # the ID of the parameters' image; None: absent
+    venv: str | None  # vllm's version in the venv, or the error's last line
+    model: Manifest | None  # None: the model's folder is absent
+    peers_ssh: dict[str, tuple[str, bool]]  # head only: peer -> (target, answered)
+    skew_s: float | None  # clock against this machine's
+
+
+@dataclass
+class Preflight(Outcome):
+    """What every reachable node reported (``preflight.json``), and why the others could not be
+    asked."""
+
+    FILE: ClassVar[str] = "preflight.json"
+    nodes: dict[str, NodeReport]  # reachable nodes only
+    errors: dict[str, str] = field(default_factory=dict)  # node -> the SSH error
+    roles: dict[str, str] = field(default_factory=dict)  # node -> head / worker
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.nodes)
+
+    def rows(self) -> list[NodeRow]:
+        """The nodes' facts as rows of the inventory's table."""
+        return [{"node": n, "role": self.roles.get(n, ""), "reachable": True, **r["facts"]}
+                for n, r in self.nodes.items()]
+
+    def up(self, params: Params) -> list[Node]:
+        """The nodes that answered, in the parameters' order."""
+        return [n for n in params.nodes if n.name in self.nodes]
+
+
+def node_bundle(params: Params, node: Node) -> Bundle:
+    """The scripts for one node (every value from the parameters is an argument)."""
+    peers = [n for n in params.nodes if n.name != node.name]
+    # Path MTU: a don't-fragment ping of MTU-28 bytes on each rail to every peer's same rail.
+    pings = [a for r, rail in enumerate(node.rails) for peer in peers if r < len(peer.rails)
+             for a in (rail.interface, peer.rails[r].ip)]
+    if params.runtime.kind == "docker":
+        runtime = script("runtime_state.sh", "docker", params.runtime.image)
+    else:
+        runtime = script("runtime_state.sh", "venv", params.runtime.venv)
+    parts = [("inventory", inventory.node_script(params)),
+             ("hardware", script("hardware.sh", *(r.interface for r in node.rails))),
+             ("ping", script("path_mtu.sh", params.expectations.mtu - 28, *pings)),
+             ("in-use", script("in_use.sh", STALE)),
+             ("runtime", runtime),
+             ("model", manifest_script(params.model.path, params.model.verify == "all"))]
+    if node.role == "head":
+        targets = [a for peer in peers for a in (peer.name, peer.peer_target)]
+        ssh = peer_ssh(node)[:-1]  # the command without its target: the same for every peer
+        parts.append(("peers-ssh", script("peers_ssh.sh", *targets, "--", *ssh)))
+    return bundle(*parts)
+
+
+def _unavailable(text: str | None) -> bool:
+    return text is None or text.endswith("unavailable")
+
+
+def parse(stdout: str) -> NodeReport:
+    """One node's report from the output of its bundle."""
+    s = parse_sections(stdout)
+    ethtool: dict[str, LinkSpeed] = {}
+    for key, text in s.items():
+        if key.startswith("ethtool "):
+            ethtool.update({k or key.split()[1]: v for k, v in parse_ethtool(text).items()})
+    try:
+        links = {li["ifname"]: li for li in json.loads(s.get("links") or "[]")}
+    except json.JSONDecodeError:
+        links = {}
+    image = s.get("image", "").strip()
+    return {
+        "facts": inventory.parse(stdout),
+        "smi": None if _unavailable(s.get("smi", "")) else parse_nvidia_smi_table(s["smi"]),
+        "ibdev2netdev": None if _unavailable(s.get("ibdev2netdev")) else parse_ibdev2netdev(s["ibdev2netdev"]),
+        "ibstat": None if _unavailable(s.get("ibstat")) else parse_ibstat(s["ibstat"]),
+        "ibv_devinfo": None if _unavailable(s.get("ibv_devinfo")) else parse_ibv_devinfo(s["ibv_devinfo"]),
+        "ethtool": ethtool,
+        "links": links,
+        "ping": [{"interface": p[0], "peer": p[1], "ok": p[2] == "0"}
+                 for p in (ln.split() for ln in s.get("ping", "").splitlines()) if len(p) == 3],
+        "listeners": s.get("listeners", "").splitlines(),
+        "processes": [ln.strip() for ln in s.get("processes", "").splitlines() if ln.strip()],
+        "containers": [ln.split("\t") for ln in s.get("containers", "").splitlines() if ln.strip()],
+        "image": None if image in ("", "absent") else image,
+        "venv": s.get("venv"),
+        "model": parse_manifest(s.get("model", "absent")),
+        "peers_ssh": {p[0]: (p[1], p[2] == "0") for p in (ln.split() for ln in s.get("peers-ssh", "").splitlines())
+                      if len(p) == 3},
+        "skew_s": None,
+    }
+
+
+def gather(params: Params, cluster: Cluster) -> Preflight:
+    """Every node's report, all nodes at once, with the clocks' skew."""
+    # the C locale for every script: the parsers read the tools' untranslated output
+    results = cluster.run(lambda n: node_bundle(params, n), timeout=min(params.ssh.command_timeout, 60),
+                          env={"LC_ALL": "C"})
+    nodes = {n.name: parse(results[n.name].stdout) for n in params.nodes if results[n.name].error is None}
+    errors = {n.name: results[n.name].error or "" for n in params.nodes if results[n.name].error is not None}
+    # Clock skew: once the connections are open, a bare `date` costs one short round trip; the
+    # node read its clock at about the middle of it.
+    sent = time.time()
+    clocks = cluster.run(["date", "+%s.%N"], list(nodes), timeout=10)
+    for name, r in clocks.items():
+        try:
+            nodes[name]["skew_s"] = float(r.stdout) - (sent + r.duration / 2)
+        except ValueError:
+            nodes[name]["skew_s"] = None
+    return Preflight(nodes, errors, {n.name: n.role for n in params.nodes})

@@ -1,0 +1,17 @@
+"""The serving containers shared by 04 (Ray cluster), 05 (serve) and 08 (teardown).
+
+- :mod:`.containers`: what every sparkbook container gets (host network, GPUs, RDMA, the fabric);
+- :mod:`.commands`: ``ray start``, ``vllm serve`` and the ``docker run`` around them, fingerprinted;
+- :mod:`.inspection`: what the serving image can do, and the checks that it can do what is asked;
+- :mod:`.state`: the containers on the nodes, starting them, what must hold before;
+- :mod:`.ray`: the Ray cluster (04); :mod:`.deploy`: vLLM up and ready (05);
+  :mod:`.teardown`: everything off (08);
+- :mod:`.logs`: the nodes' logs into the run folder, and the known failure signatures in them.
+
+The notebooks' own calls are here: the image (04, 05) and the commands to rerun by hand.
+"""
+
+from .commands import commands_table
+from .inspection import image_checks, image_table, inspect_image
+
+__all__ = ["commands_table", "image_checks", "image_table", "inspect_image"]

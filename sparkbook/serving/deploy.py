@@ -1,0 +1,198 @@
+"""vLLM across the nodes (05): keep it when it is healthy and unchanged, otherwise replace what
+runs, start it, wait for the API, and diagnose from every node's logs when it does not come up.
+
+Every container carries the ``sparkbook`` label and a fingerprint of what it was started with (vllm
+serve in the Ray container carries its own in its environment), so running 05 again on a healthy,
+unchanged deployment changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from ..errors import CheckFailed
+from ..params import Params
+from ..progress import Progress
+from ..remote import Cluster, script
+from ..step import Outcome
+from ..verdict import Check
+from .commands import (RAY_CONTAINER, SERVE_FP, SERVE_LOG, SERVE_PATTERN, fingerprint, ray_serve_command,
+                       serving_container, serving_nodes)
+from .logs import Diagnosis, collect_logs, diagnose
+from .state import NodeState, node_states, port_conflicts, require_image, start
+
+
+@dataclass
+class Deployment(Outcome):
+    """What 05 found and did."""
+    FILE = "serving.json"
+
+    action: str = ""                     # "kept", "started", "restarted"
+    fingerprints: dict[str, str] = field(default_factory=dict)
+    ready: bool = False
+    seen: str = ""                       # the last thing the wait saw
+    stopped: dict[str, str] = field(default_factory=dict)  # node -> how its container ended
+    seconds: float = 0.0
+    models: list[str] = field(default_factory=list)
+    diagnosis: list[Diagnosis] = field(default_factory=list)
+    conflicts: list[Check] = field(default_factory=list)
+    logs: dict[str, str] = field(default_factory=dict)   # node -> folder of its logs
+
+    def key_numbers(self) -> list[tuple[str, str]]:
+        took = f"ready in {self.seconds:.0f} s" if self.ready else f"not ready after {self.seconds:.0f} s"
+        return [("vLLM start-up", f"{took} ({self.action})")]
+
+
+def serve(params: Params, cluster: Cluster, run_dir: Path,
+          say: Callable[[str], object] = print) -> Deployment:
+    """Bring vLLM up across the nodes (or keep it, when it is healthy and unchanged), wait for it,
+    and diagnose when it does not come up. Never leaves a half-started deployment running."""
+    t0 = time.monotonic()
+    dep = Deployment(fingerprints={n.name: fingerprint(params, n, False) for n in serving_nodes(params)})
+    states = node_states(params, cluster)
+    bad = [f"{n}: {s.error}" for n, s in states.items() if s.error]
+    if bad:
+        raise CheckFailed("cannot read the nodes' containers: " + "; ".join(bad))
+    running, same = what_runs(params, cluster, states, dep.fingerprints)
+    if same and running:
+        ok, models, _ = healthy(params)
+        if ok:
+            dep.action, dep.ready, dep.models, dep.seen = "kept", True, models, "healthy, unchanged"
+            dep.seconds = time.monotonic() - t0
+            say(f"vLLM is already serving {', '.join(models)} and matches the parameters: nothing changed")
+            return dep
+    require_image(params, states)  # before a running deployment is replaced
+    dep.action = "restarted" if running else "started"
+    if running:
+        say("replacing the running deployment (parameters changed or it is not healthy); its logs go "
+            "to the run folder first")
+        collect_logs(params, cluster, run_dir, [serving_container(params)], tag="previous")
+        remove_serving(params, cluster)
+        states = node_states(params, cluster)
+    dep.conflicts = port_conflicts(params, states)
+    if dep.conflicts:
+        return dep
+    try:
+        start_serving(params, cluster, states, say)
+        dep.ready, dep.models, dep.seen, dep.stopped = wait_ready(params, cluster,
+                                                                  params.serving.startup_timeout)
+    finally:
+        if not dep.ready:
+            dep.diagnosis = diagnose(params, cluster, run_dir)
+            dep.logs = {n.name: str(run_dir / "logs" / n.name) for n in params.nodes}
+            say("not ready: logs of every node saved; stopping what was started")
+            remove_serving(params, cluster)
+    dep.seconds = time.monotonic() - t0
+    return dep
+
+
+def what_runs(params: Params, cluster: Cluster, states: dict[str, NodeState],
+              fingerprints: dict[str, str]) -> tuple[bool, bool]:
+    """(whether vLLM is serving now, whether it was started from these parameters): vllm serve in
+    the head's Ray container, or the mp containers."""
+    if params.serving.executor == "ray":
+        now = serving_fingerprint(params, cluster)
+        return now is not None, now == fingerprints[params.head.name]
+    name = serving_container(params)
+    return (any(name in s.containers for s in states.values()),
+            all(states[n].current(name, fp) for n, fp in fingerprints.items()))
+
+
+def start_serving(params: Params, cluster: Cluster, states: dict[str, NodeState],
+                  say: Callable[[str], object]) -> None:
+    """vllm serve in the head's Ray container (04's cluster must run), or the mp containers."""
+    if params.serving.executor != "ray":
+        start(params, cluster, params.nodes, False, say=say)
+        return
+    if not all(states[n.name].running(RAY_CONTAINER) for n in params.nodes):
+        raise CheckFailed("the Ray cluster is not running on every node: run 04_ray_cluster first")
+    cluster.run(ray_serve_command(params), [params.head], timeout=60).check(
+        "start vllm serve in the Ray container", "see the message above; 04_ray_cluster "
+        "forms the Ray cluster it runs in")
+
+
+def serving_fingerprint(params: Params, cluster: Cluster) -> str | None:
+    """The fingerprint vllm serve in the head's Ray container was started with ("" when it has
+    none); None when it does not run."""
+    r = cluster.run_on(params.head, script("serve_fingerprint.sh", RAY_CONTAINER, SERVE_PATTERN, SERVE_FP))
+    found = re.search(r"^FP=(.*)$", r.stdout, re.M) if r.ok else None
+    return found.group(1).strip() if found else None
+
+
+def remove_serving(params: Params, cluster: Cluster) -> None:
+    """Stop vLLM: its containers (mp), or vllm serve in the head's Ray container, waited for so
+    that its port is free when this returns."""
+    if params.serving.executor == "ray":
+        cluster.run(script("stop_serve.sh", RAY_CONTAINER, SERVE_PATTERN), [params.head], timeout=90)
+    else:
+        cluster.run(["docker", "rm", "-f", params.runtime.container_name])
+
+
+def wait_ready(params: Params, cluster: Cluster,
+               timeout: float) -> tuple[bool, list[str], str, dict[str, str]]:
+    """Wait for /health and /v1/models, showing every node's latest log line; stop early when a
+    serving container dies. Returns (ready, models, what was seen, {node: how its container ended})."""
+    deadline = time.monotonic() + timeout
+    t0 = time.monotonic()
+    seen = ""
+    with Progress(f"waiting for vLLM at {params.endpoint} (up to {timeout:.0f} s)") as progress:
+        while time.monotonic() < deadline:
+            ok, models, seen = healthy(params)
+            progress.update("api", f"{time.monotonic() - t0:5.0f} s  {seen}", force=ok)
+            if ok:
+                return True, models, seen, {}
+            tails = log_tails(params, cluster)
+            for node, (status, line) in tails.items():
+                progress.update(node, f"[{status}] {line[-160:]}")
+            dead = {n: status for n, (status, _) in tails.items() if not status.startswith(("running", "?"))}
+            if dead:
+                return False, [], f"the serving container stopped on {', '.join(dead)}", dead
+            time.sleep(3)
+    return False, [], f"not ready after {timeout:.0f} s ({seen})", {}
+
+
+def healthy(params: Params, timeout: float = 5) -> tuple[bool, list[str], str]:
+    """(ready, served model IDs, what was seen): /health answers 200 and /v1/models lists a model."""
+    try:
+        with _get(f"{params.endpoint}/health", timeout) as r:
+            if r.status != 200:
+                return False, [], f"/health answered {r.status}"
+        with _get(f"{params.endpoint}/v1/models", timeout) as r:
+            ids = [m["id"] for m in json.load(r).get("data", [])]
+        return bool(ids), ids, "ready" if ids else "/v1/models lists no model"
+    except (OSError, ValueError) as e:
+        return False, [], f"{type(e).__name__}: {getattr(e, 'reason', e)}"
+
+
+def _get(url: str, timeout: float):
+    # straight to the node, never through a proxy from this machine's environment
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    return opener.open(url, timeout=timeout)
+
+
+def log_tails(params: Params, cluster: Cluster) -> dict[str, tuple[str, str]]:
+    """Each serving node's container state ("running", or "exited with code 137, killed for
+    memory (OOM)"...) and last log line. With Ray, "serve-exited" when the Ray container runs but
+    vllm serve in it does not."""
+    name = serving_container(params)
+    if params.serving.executor == "ray":
+        tail = script("serving_tail.sh", name, "ray", SERVE_PATTERN, SERVE_LOG)
+    else:
+        tail = script("serving_tail.sh", name, "mp")
+    out = {}
+    for n, r in cluster.run(tail, serving_nodes(params), timeout=30).items():
+        lines = r.stdout.splitlines()
+        first = (lines[0] if lines else "?").split()
+        status = first[0] if first else "?"
+        if status not in ("running", "?", "absent") and len(first) >= 3:
+            code, oom = first[1], first[2] == "true"
+            status += f" with code {code}" + (", killed for memory (OOM)" if oom else
+                                              ", killed by a signal" if code in ("137", "143") else "")
+        out[n] = (status, lines[-1] if len(lines) > 1 else "")
+    return out

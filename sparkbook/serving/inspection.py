@@ -1,0 +1,153 @@
+"""What the serving image can do, read from the image itself on the head before anything starts
+(04 and 05): the versions of vLLM, Ray and torch, the options ``vllm serve`` accepts and the model
+architectures it supports; then the checks that the parameters ask for nothing it lacks."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..params import Params
+from ..remote import REMOTE_DIR, SCRIPTS, Cluster, script
+from ..tables import Table, short_id
+from ..verdict import FAIL, PASS, WARN, Check
+from .commands import serve_args, shown
+from .containers import docker_run
+
+INSPECT_CONTAINER = "sparkbook-inspect"
+INSPECT_SCRIPT = SCRIPTS / "inspect_vllm.py"
+REMOTE_SCRIPT = f"{REMOTE_DIR}/inspect_vllm.py"
+CACHE = "image_inspection.json"  # in the run folder: the last inspection, per image ID and model
+
+
+@dataclass
+class ImageInfo:
+    image: str
+    image_id: str | None = None
+    vllm: str | None = None
+    ray: str | None = None
+    torch: str | None = None
+    transformers: str | None = None
+    options: list[str] = field(default_factory=list)
+    options_from: str | None = None
+    architectures: list[str] = field(default_factory=list)
+    model_architectures: list[str] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)  # what could not be read -> why
+    seconds: float = 0.0
+
+
+def inspect_image(params: Params, cluster: Cluster, run_dir: Path | None = None) -> ImageInfo:
+    """Read the image on the head: versions, `vllm serve` options, supported architectures. Runs
+    inside the image with the runtime's GPU flags (``vllm serve --help`` crashes in some images
+    without GPU access); the result is kept in the run folder per image ID and model."""
+    head = params.head
+    ident = cluster.run_on(head, ["docker", "image", "inspect", "--format", "{{.Id}}", params.runtime.image])
+    info = ImageInfo(params.runtime.image, ident.stdout.strip() if ident.ok else None)
+    if not info.image_id:
+        info.errors["image"] = f"{params.runtime.image} is not on {head.name}: {ident.summary()}"
+        return info
+    cache = run_dir / CACHE if run_dir else None
+    if cache and cache.exists():
+        old = json.loads(cache.read_text())
+        if old.pop("model", None) == params.model.path and old.get("image_id") == info.image_id:
+            return ImageInfo(**old)
+    start = time.monotonic()
+    cluster.put(INSPECT_SCRIPT, REMOTE_SCRIPT, [head]).check("copy the inspection script")
+    run = docker_run(params, head, INSPECT_CONTAINER, ["python3", REMOTE_SCRIPT, params.model.path],
+                     detach=False, remove=True,
+                     mounts=[f"{REMOTE_SCRIPT}:{REMOTE_SCRIPT}:ro",
+                             f"{params.model.path}:{params.model.path}:ro"])
+    r = cluster.run_on(head, script("replace_container.sh", INSPECT_CONTAINER, *run), timeout=300)
+    found = re.search(r"^INSPECT (.*)$", r.stdout, re.M)
+    if not found:
+        info.errors["inspect"] = f"{shown(run)} printed no result: {r.summary()}"
+        return info
+    data = json.loads(found.group(1))
+    for k in ("vllm", "ray", "torch", "transformers", "options", "options_from", "architectures",
+              "model_architectures"):
+        if data.get(k) is not None:
+            setattr(info, k, data[k])
+    info.errors.update({k[:-len("_error")]: v for k, v in data.items() if k.endswith("_error")})
+    info.seconds = time.monotonic() - start
+    if cache:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps({**asdict(info), "model": params.model.path}, indent=2) + "\n")
+    return info
+
+
+def configured_options(params: Params) -> list[str]:
+    """Every ``--option`` that sparkbook would pass to ``vllm serve`` on any node."""
+    seen = []
+    for n in params.nodes:
+        for a in serve_args(params, n):
+            if a.startswith("--"):
+                o = a.split("=", 1)[0]
+                if o not in seen:
+                    seen.append(o)
+    return seen
+
+
+def image_checks(params: Params, info: ImageInfo, need_ray: bool | None = None) -> list[Check]:
+    """The image can do what the parameters ask: fails in seconds, naming the problem. Ray is
+    needed by the Ray executor (``need_ray`` by default) and by 04, which forms a Ray cluster."""
+    need_ray = params.serving.executor == "ray" if need_ray is None else need_ray
+    head = params.head.name
+    if "image" in info.errors:
+        return [Check("image", head, FAIL, info.errors["image"], params.runtime.image,
+                      "03_distribute_image (or `docker pull`) first")]
+    if not info.vllm:
+        return [Check("vLLM in the image", head, FAIL, info.errors.get("inspect", "vllm not installed"),
+                      "vllm importable", "choose an image with vLLM (runtime.image)")]
+    out = [Check("vLLM in the image", head, PASS, f"vLLM {info.vllm}, torch {info.torch}")]
+    if need_ray:
+        out.append(Check("Ray in the image", head, PASS if info.ray else FAIL,
+                         f"Ray {info.ray}" if info.ray else "no Ray", "Ray (executor ray)",
+                         "" if info.ray else "use an image with Ray (NGC's vLLM image lacks it: `pip "
+                         "install ray[default]` in a derived image) or serving.executor: mp"))
+    out.append(_options_check(params, info))
+    out.append(_architecture_check(params, info))
+    return out
+
+
+def _options_check(params: Params, info: ImageInfo) -> Check:
+    head = params.head.name
+    if not info.options:
+        return Check("vllm serve options", head, WARN, info.errors.get("options", "not read"),
+                     "the option list", "the options will be checked by vLLM when it starts")
+    known = set(info.options)
+    configured = configured_options(params)
+    unknown = [o for o in configured if o not in known and o.replace("_", "-") not in known]
+    return Check("vllm serve options", head, FAIL if unknown else PASS,
+                 f"unknown to vLLM {info.vllm}: {', '.join(unknown)}" if unknown else
+                 f"{len(configured)} options, all known", "options this vLLM accepts",
+                 "remove or rename them in serving.extra_args / the serving parameters (`vllm serve "
+                 "--help=all` in the image lists them), or use a vLLM that has them" if unknown else "")
+
+
+def _architecture_check(params: Params, info: ImageInfo) -> Check:
+    head = params.head.name
+    if info.model_architectures and info.architectures:
+        missing = [a for a in info.model_architectures if a not in info.architectures]
+        return Check("model architecture", head, FAIL if missing else PASS,
+                     f"{', '.join(missing)} not supported by vLLM {info.vllm}" if missing else
+                     ", ".join(info.model_architectures), "supported by this vLLM",
+                     "use a vLLM image that supports the model (a newer one, or the model's own "
+                     "image)" if missing else "")
+    if "model" in info.errors:
+        return Check("model architecture", head, FAIL, info.errors["model"], "the model's config.json",
+                     f"put the model at {params.model.path} on every node (03_distribute_image)")
+    return Check("model architecture", head, WARN, info.errors.get("architectures", "not read"),
+                 "supported by this vLLM")
+
+
+def image_table(info: ImageInfo) -> Table:
+    rows = [["image", f"{info.image} ({short_id(info.image_id)})"],
+            ["vLLM", info.vllm], ["Ray", info.ray or "absent"], ["torch", info.torch],
+            ["transformers", info.transformers],
+            ["serve options", f"{len(info.options)} (from {info.options_from})"],
+            ["supported architectures", len(info.architectures)],
+            ["model architectures", ", ".join(info.model_architectures)]]
+    return Table(["", "value"], rows, title="the serving image")

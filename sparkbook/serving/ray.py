@@ -1,0 +1,104 @@
+"""The Ray cluster (04): a Ray container per node, the head first, the workers joining on its fabric
+address; checked as the head's Ray sees it, and stopped as a whole."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, TypedDict
+
+from ..errors import CheckFailed
+from ..params import Params
+from ..parsers import parse_sections
+from ..progress import Progress
+from ..remote import Cluster, script
+from ..step import Outcome
+from .commands import RAY_CONTAINER, fingerprint
+from .logs import collect_logs
+from .state import node_states, require_image, start
+
+
+class RayNode(TypedDict):
+    ip: str
+    alive: bool
+    resources: dict[str, float]  # CPU, GPU, object_store_memory...
+
+
+@dataclass
+class RayCluster(Outcome):
+    """The Ray cluster as the head's Ray sees it (04's outcome, kept only in memory)."""
+    nodes: dict[str, RayNode] = field(default_factory=dict)  # by node name
+    missing: list[str] = field(default_factory=list)
+    status_text: str = ""  # `ray status`
+    seconds: float = 0.0
+    error: str | None = None
+
+
+def ray_nodes(params: Params, cluster: Cluster) -> RayCluster:
+    """The Ray cluster as the head's Ray sees it, by node name (matched on fabric addresses)."""
+    r = cluster.run_on(params.head, script("ray_nodes.sh", RAY_CONTAINER), timeout=90)
+    out = RayCluster(status_text=parse_sections(r.stdout).get("status", ""))
+    found = re.search(r"^RAYNODES (.*)$", r.stdout, re.M)
+    if not found:
+        out.error = r.summary()
+        out.missing = [n.name for n in params.nodes]
+        return out
+    by_ip = {n.fabric_address: n.name for n in params.nodes}
+    for rec in json.loads(found.group(1)):
+        if rec["alive"] and rec["ip"] in by_ip:
+            out.nodes[by_ip[rec["ip"]]] = rec
+    out.missing = [n.name for n in params.nodes if n.name not in out.nodes]
+    return out
+
+
+def form_ray_cluster(params: Params, cluster: Cluster, run_dir: Path | None = None,
+                     timeout: float = 180, say: Callable[[str], object] = print) -> RayCluster:
+    """Ray head on the head node, workers joining on its fabric address; waits until every node is
+    in the cluster with its GPUs (CPUs in the lab). Idempotent: a matching cluster is kept. With
+    the mp executor nothing uses the cluster: it is stopped once checked."""
+    start_t = time.monotonic()
+    current = node_states(params, cluster)
+    running = all(current[n.name].current(RAY_CONTAINER, fingerprint(params, n, True)) for n in params.nodes)
+    rc = ray_nodes(params, cluster) if running else RayCluster(missing=[n.name for n in params.nodes])
+    if not rc.missing:
+        say("the Ray cluster is already up with every node and matches the parameters: kept")
+    else:
+        require_image(params, current)
+        try:
+            start(params, cluster, params.nodes, True, say=say)
+        except CheckFailed:  # the head may have started before a worker failed
+            stop_ray(params, cluster, run_dir)
+            raise
+        rc = wait_joined(params, cluster, timeout)
+    rc.seconds = time.monotonic() - start_t
+    if rc.missing:  # nothing half-formed stays up: logs first (with a run folder), then the containers
+        stop_ray(params, cluster, run_dir)
+    elif params.serving.executor != "ray":
+        stop_ray(params, cluster, run_dir)
+        say("serving.executor is mp: the Ray cluster was formed and checked, and is now stopped")
+    return rc
+
+
+def wait_joined(params: Params, cluster: Cluster, timeout: float) -> RayCluster:
+    """Ray's view of the cluster once every node has joined, or at ``timeout``."""
+    deadline = time.monotonic() + timeout
+    rc = RayCluster(missing=[n.name for n in params.nodes])
+    with Progress("Ray cluster") as progress:
+        while time.monotonic() < deadline:
+            rc = ray_nodes(params, cluster)
+            progress.update("nodes", f"{len(rc.nodes)} of {len(params.nodes)} joined"
+                            + (f"; waiting for {', '.join(rc.missing)}" if rc.missing else ""))
+            if not rc.missing:
+                break
+            time.sleep(3)
+    return rc
+
+
+def stop_ray(params: Params, cluster: Cluster, run_dir: Path | None) -> None:
+    """Remove the Ray containers (their logs saved first, with a run folder)."""
+    if run_dir:
+        collect_logs(params, cluster, run_dir, [RAY_CONTAINER])
+    cluster.run(["docker", "rm", "-f", RAY_CONTAINER])

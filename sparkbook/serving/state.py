@@ -1,0 +1,118 @@
+"""sparkbook's containers on the nodes: what runs (and from what), starting them in order, and
+what must hold before they start (the head's image on every node, the ports free)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..errors import CheckFailed
+from ..params import Node, Params
+from ..parsers import listener, parse_sections
+from ..remote import Cluster, command_line, script
+from ..tables import short_id
+from ..verdict import FAIL, Check
+from .commands import ENV_FILE, FINGERPRINT, LOG_DIR, container_command, container_name, groups, token
+from .containers import LABEL
+
+
+@dataclass
+class NodeState:
+    """A node's sparkbook containers: name -> (status, fingerprint), the image ID each runs, the
+    configured image's ID there now (None: absent) and its TCP listeners."""
+    containers: dict[str, tuple[str, str]] = field(default_factory=dict)
+    runs: dict[str, str] = field(default_factory=dict)
+    image: str | None = None
+    listeners: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    def current(self, name: str, fingerprint: str) -> bool:
+        """``name`` runs, started from these parameters, on the image its tag names now (not one
+        that 03 has since replaced)."""
+        return self.containers.get(name) == ("running", fingerprint) and self.runs.get(name) == self.image
+
+    def running(self, name: str) -> bool:
+        return self.containers.get(name, ("",))[0] == "running"
+
+
+def node_states(params: Params, cluster: Cluster) -> dict[str, NodeState]:
+    """Every node's sparkbook containers, the configured image and TCP listeners (one round trip)."""
+    out = {}
+    for name, r in cluster.run(script("serving_state.sh", LABEL, FINGERPRINT, params.runtime.image)).items():
+        out[name] = parse_state(r.stdout) if r.ok else NodeState(error=r.summary())
+    return out
+
+
+def parse_state(text: str) -> NodeState:
+    """``serving_state.sh``'s output."""
+    st = NodeState()
+    sec = parse_sections(text)
+    for line in sec.get("containers", "").splitlines():
+        cols = line.split("\t") + ["", ""]
+        if cols[0]:
+            st.containers[cols[0]] = (cols[1], cols[2])
+    st.runs = dict(line.lstrip("/").split(" ", 1) for line in sec.get("runs", "").splitlines() if " " in line)
+    st.image = sec.get("image") or None
+    st.listeners = sec.get("listeners", "").splitlines()
+    return st
+
+
+def start(params: Params, cluster: Cluster, nodes: list[Node], ray: bool,
+          say: Callable[[str], object] = print) -> None:
+    """Start the containers on ``nodes`` in order (see :func:`groups`: each group on all of its
+    nodes at once), in place of any of the same name, passing the token through a mode-600 file
+    removed right after."""
+    secret = token(params)
+    cluster.run(["mkdir", "-p", LOG_DIR], nodes).check("make the log folder on the nodes")
+    if secret:
+        cluster.put_bytes(f"HF_TOKEN={secret}\nHUGGING_FACE_HUB_TOKEN={secret}\n".encode(), ENV_FILE,
+                          nodes, mode=0o600).check("write the token file on the nodes")
+    name = container_name(params, ray)
+    try:
+        for group in groups(nodes, ray):
+            say(f"starting {name} on {', '.join(n.name for n in group)}")
+            cluster.run(lambda n: script("replace_container.sh", name, *container_command(params, n, ray)),
+                        group, timeout=120).check(
+                f"start {name}", "see the command and its message above; 08_teardown removes "
+                "what was started")
+    finally:
+        if secret:
+            cluster.run(["rm", "-f", ENV_FILE], nodes)
+
+
+def require_image(params: Params, states: dict[str, NodeState]) -> None:
+    """Every node holds the head's image, the same ID, before anything starts: otherwise Docker
+    would try a registry (on a private cluster: a long wait, then an unrelated-looking error), or
+    nodes would run different vLLM builds. ``states``: :func:`node_states` of every node."""
+    ids = {n: s.image for n, s in states.items()}
+    head = ids.get(params.head.name)
+    bad = []
+    for node, image_id in ids.items():
+        if image_id is None:
+            bad.append(f"- {node}: the image is not there")
+        elif head and image_id != head:
+            bad.append(f"- {node}: holds {short_id(image_id)} under the tag, the head {short_id(head)}")
+    if bad:
+        inspect = ["docker", "image", "inspect", "--format", "{{.Id}}", params.runtime.image]
+        raise CheckFailed(f"image {params.runtime.image} on every node: {len(bad)} of {len(ids)} node(s) "
+                          "differ\n" + "\n".join(bad) + "\n  command: " + command_line(inspect)
+                          + "\nremedy: run 03_distribute_image: it copies the head's image to every node"
+                          + ("" if head else " (after pulling or building it on the head)"))
+
+
+def port_conflicts(params: Params, states: dict[str, NodeState]) -> list[Check]:
+    """Ports 05 needs that something holds (checked once sparkbook's own serving is stopped)."""
+    needs = [("api", params.ports.api)]
+    if params.serving.executor == "mp" and len(params.nodes) > 1:
+        needs.append(("master", params.ports.master))
+    st = states.get(params.head.name)
+    out = []
+    for what, port in needs if st and not st.error else []:
+        seen = listener(st.listeners, port)
+        if seen:
+            out.append(Check("port free", params.head.name, FAIL, f"{what} port {port} held: {seen}",
+                             f"{what} port {port} free",
+                             "stop what listens there (08_teardown removes sparkbook's own; "
+                             "`ss -ltnp` names the process), or change `ports` in the parameters",
+                             "ss -ltnp"))
+    return out

@@ -1,0 +1,57 @@
+"""Every sparkbook container off every node (08), their logs kept first; then nothing may be left
+running or listening on the configured ports."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..params import Params
+from ..parsers import listener
+from ..remote import Cluster, script
+from ..step import Outcome
+from .commands import ENV_FILE
+from .containers import LABEL
+from .logs import collect_logs
+from .state import NodeState, node_states
+
+SETTLE_S = 30  # sockets close a moment after their process: how long to wait for the ports
+
+
+@dataclass
+class Teardown(Outcome):
+    """What 08 removed, and what is left, by node."""
+    FILE = "teardown.json"
+
+    removed: dict[str, list[str]] = field(default_factory=dict)
+    remaining: dict[str, list[str]] = field(default_factory=dict)
+    listeners: dict[str, list[str]] = field(default_factory=dict)  # "api 8000: ADDRESS PROCESS"
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+def teardown(params: Params, cluster: Cluster, run_dir: Path) -> Teardown:
+    """Logs first, then every sparkbook container on every node; then check that none is left and
+    nothing listens on the configured ports."""
+    out = Teardown()
+    collect_logs(params, cluster, run_dir)
+    for n, st in node_states(params, cluster).items():
+        if st.containers:
+            out.removed[n] = sorted(st.containers)
+    cluster.run(script("remove_containers.sh", LABEL, ENV_FILE), timeout=120)
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        left(params, node_states(params, cluster), out)
+        if not (out.remaining or out.listeners) or time.monotonic() > deadline:
+            return out
+        time.sleep(1)
+
+
+def left(params: Params, states: dict[str, NodeState], out: Teardown) -> None:
+    """What is left on the nodes, into ``out``: containers, listeners on the ports, errors."""
+    ports = params.ports.model_dump()
+    out.remaining = {n: sorted(s.containers) for n, s in states.items() if s.containers}
+    listeners = {n: [f"{k} {p}: {listener(s.listeners, p)}" for k, p in ports.items()
+                     if listener(s.listeners, p)] for n, s in states.items()}
+    out.listeners = {n: v for n, v in listeners.items() if v}
+    out.errors = {n: s.error for n, s in states.items() if s.error}

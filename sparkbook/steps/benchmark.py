@@ -1,0 +1,53 @@
+"""07 · Benchmark: single-user speed by context depth, the concurrency sweep and the request-rate
+sweep against the served model (:mod:`sparkbook.bench`), kept in the run folder's ``benchmark/``
+with plots against earlier runs and the references."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..bench import checks as bench_checks
+from ..bench import load, plots as bench_plots, records
+from ..bench.records import Results
+from ..params import Params
+from ..tables import Table
+from ..verdict import Check
+
+if TYPE_CHECKING:
+    from ..notebook import Context
+
+NAME = "07_benchmark"
+TITLE = "benchmark"
+
+
+def run(ctx: Context, **kw: Any) -> Results:
+    """The whole benchmark of ``params.benchmark`` against ``params.endpoint`` (``kw``: the
+    options of :func:`sparkbook.bench.load.run`)."""
+    p = ctx.params
+    return load.run(p.endpoint, p.served_model, p.benchmark, max_model_len=p.serving.max_model_len, **kw)
+
+
+def table(outcome: Results) -> Table:
+    def n(v: float | None, fmt: str = ".1f") -> str:
+        return "" if v is None else format(v, fmt)
+
+    rows = [[lv.label, f"{lv.completed}/{lv.num_requests}", n(lv.output_tok_s), n(lv.per_user_tok_s),
+             n(lv.prefill_tok_s, ".0f"), n(lv.decode_tok_s), n(lv.ttft_ms["p50"], ".0f"),
+             n(lv.ttft_ms["p99"], ".0f"), n(lv.tpot_ms["p50"]), n(lv.itl_ms["p50"]), n(lv.itl_ms["p99"]),
+             n(lv.e2e_ms["p50"], ".0f"), f"{lv.client_cpu_frac:.0%}", "yes" if lv.client_bound else ""]
+            for lv in outcome.levels]
+    return Table(["level", "ok", "out tok/s", "tok/s/user", "prefill tok/s", "decode tok/s",
+                  "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "ITL p50 ms", "ITL p99 ms",
+                  "E2E p50 ms", "client CPU", "client-bound"], rows,
+                 title=f"benchmark: {outcome.model} ({outcome.endpoint}, prompts {outcome.prompt_sizing})")
+
+
+def checks(params: Params, outcome: Results) -> list[Check]:
+    return bench_checks.checks(outcome, params.benchmark.references)
+
+
+def plots(ctx: Context, outcome: Results) -> dict[str, Any]:
+    """The figures (saved in ``RUN_DIR/benchmark/``), with the earlier runs of the same model in
+    the run folder's parent (``outputs/``) and ``benchmark.references``."""
+    earlier = records.earlier(ctx.run_dir.parent, outcome.model, exclude=ctx.run_dir)
+    return bench_plots.plot(outcome, ctx.run_dir, earlier=earlier, references=ctx.params.benchmark.references)

@@ -1,0 +1,71 @@
+"""03_distribute_image: the same image and the same model on every node, sending only what is
+missing (:mod:`sparkbook.distribution`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..distribution.image import (ImageOutcome, Survey, distribute_image, image_checks, image_table,
+                                  survey, survey_table, transfers_summary)
+from ..distribution.model import ModelOutcome, model_checks, model_table, sync_model
+from ..params import Params
+from ..step import Outcome
+from ..tables import Table
+from ..verdict import Check
+
+if TYPE_CHECKING:
+    from ..notebook import Context
+
+NAME = "03_distribute_image"
+TITLE = "03 image and model"
+
+
+@dataclass
+class DistributionOutcome(Outcome):
+    """What every node held (the survey), the image copy and the model sync."""
+
+    FILE: ClassVar[str] = "distribution.json"
+    survey: Survey
+    image: ImageOutcome
+    model: ModelOutcome
+
+    def to_json(self) -> dict[str, Any]:
+        return {"image": self.image.to_json(), "model": self.model.to_json()}
+
+    def save(self, run_dir: Path) -> Path | None:
+        """``distribution.json``, and the image's copies in ``image_transfers.csv``."""
+        image_table(self.image).write_csv(run_dir / "image_transfers.csv")
+        return super().save(run_dir)
+
+    def key_numbers(self) -> list[tuple[str, str]]:
+        return [("image distribution", transfers_summary(self.image))]
+
+
+def run(ctx: Context) -> DistributionOutcome:
+    """Survey every node, copy the image where it differs from the head's, then the model files
+    that differ."""
+    found = survey(ctx.params, ctx.cluster)
+    image = distribute_image(ctx.params, ctx.cluster, found)
+    return DistributionOutcome(found, image, sync_model(ctx.params, ctx.cluster))
+
+
+def table(outcome: DistributionOutcome) -> Table:
+    """What every node held before the copies."""
+    return survey_table(outcome.survey)
+
+
+def image_copies(outcome: DistributionOutcome) -> Table:
+    """The image's copies from the head, one row per worker."""
+    return image_table(outcome.image)
+
+
+def model_copies(outcome: DistributionOutcome) -> Table:
+    """Each worker's model differences from the head's, before and after the sync."""
+    return model_table(outcome.model)
+
+
+def checks(params: Params, outcome: DistributionOutcome) -> list[Check]:
+    """The image and the model, node by node."""
+    return image_checks(params, outcome.image) + model_checks(params, outcome.model)

@@ -1,0 +1,33 @@
+"""00 · Inventory: the facts of every node (:mod:`sparkbook.inventory`), in one round trip per
+node; kept as ``inventory.json`` and ``inventory.csv``. An unreachable node fails the step."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .. import inventory
+from ..inventory import Inventory
+from ..params import Params
+from ..tables import Table
+from ..verdict import Check
+
+if TYPE_CHECKING:
+    from ..notebook import Context
+
+NAME = "00_inventory"
+TITLE = "00 inventory"
+
+
+def run(ctx: Context) -> Inventory:
+    """The facts of every node, also written as ``inventory.csv`` in the run folder."""
+    outcome = inventory.gather(ctx.params, ctx.cluster)
+    table(outcome).write_csv(ctx.path("inventory.csv"))
+    return outcome
+
+
+def table(outcome: Inventory) -> Table:
+    return inventory.table(outcome.rows)
+
+
+def checks(params: Params, outcome: Inventory) -> list[Check]:
+    return inventory.checks(params, outcome)

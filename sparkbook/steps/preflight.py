@@ -1,0 +1,33 @@
+"""01 · Preflight: every known multi-node failure, checked on every node at once before anything
+is launched (:mod:`sparkbook.preflight`); what the nodes reported is kept as ``preflight.json``.
+``sparkbook preflight`` runs the same checks from a terminal."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .. import inventory, preflight
+from ..params import Params
+from ..preflight import Preflight
+from ..tables import Table
+from ..verdict import Check
+
+if TYPE_CHECKING:
+    from ..notebook import Context
+
+NAME = "01_preflight"
+TITLE = "01 preflight"
+
+
+def run(ctx: Context, **kw: Any) -> Preflight:
+    """What every node reports: one round trip per node, all at once, then one for the clocks."""
+    return preflight.gather(ctx.params, ctx.cluster)
+
+
+def table(outcome: Preflight) -> Table:
+    """The facts of the nodes that answered, as the inventory shows them."""
+    return inventory.table(outcome.rows())
+
+
+def checks(params: Params, outcome: Preflight) -> list[Check]:
+    return preflight.checks(params, outcome)

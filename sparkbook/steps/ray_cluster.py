@@ -1,0 +1,55 @@
+"""04_ray_cluster: a Ray container per node (the head first, the workers joining on its fabric
+address), and every node in the cluster with its GPUs. The image checks come first, as a gate
+(:func:`sparkbook.serving.image_checks` with ``need_ray=True``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..params import Params
+from ..serving.commands import RAY_CONTAINER
+from ..serving.ray import RayCluster, form_ray_cluster
+from ..tables import Table
+from ..verdict import FAIL, PASS, Check
+
+if TYPE_CHECKING:
+    from ..notebook import Context
+
+NAME = "04_ray_cluster"
+TITLE = "04 Ray cluster"
+
+
+def run(ctx: Context, timeout: float = 180) -> RayCluster:
+    """Form the Ray cluster (or keep it, when it is complete and unchanged) and wait for every node."""
+    return form_ray_cluster(ctx.params, ctx.cluster, ctx.run_dir, timeout=timeout)
+
+
+def table(outcome: RayCluster) -> Table:
+    rows = [[name, rec["ip"], f"{rec['resources'].get('CPU', 0):g}", f"{rec['resources'].get('GPU', 0):g}",
+             f"{rec['resources'].get('object_store_memory', 0) / 1e9:.1f}"]
+            for name, rec in outcome.nodes.items()]
+    return Table(["node", "address", "CPU", "GPU", "object store GB"], rows, title="Ray cluster")
+
+
+def checks(params: Params, outcome: RayCluster) -> list[Check]:
+    """Every node in the Ray cluster, with its GPUs."""
+    out = []
+    for n in params.nodes:
+        rec = outcome.nodes.get(n.name)
+        if rec is None:
+            out.append(Check("in the Ray cluster", n.name, FAIL, outcome.error or "not in `ray status`",
+                             f"joined at {n.fabric_address}",
+                             f"docker logs {RAY_CONTAINER} on {n.name}: the worker must reach "
+                             f"{params.head.fabric_address}:{params.ports.ray} on the fabric (firewall, "
+                             "rail addresses: 01_preflight); the Ray versions of the nodes must match (03)",
+                             f"docker exec {RAY_CONTAINER} ray status"))
+            continue
+        res = rec["resources"]
+        out.append(Check("in the Ray cluster", n.name, PASS, f"{rec['ip']}, {res.get('CPU', 0):g} CPU"))
+        if params.runtime.gpus:
+            got, need = res.get("GPU", 0), params.gpus_of(n)
+            out.append(Check("GPUs in Ray", n.name, PASS if got >= need else FAIL, f"{got:g} GPU", f"{need}",
+                             "" if got >= need else "the Ray container sees no GPU: `--gpus all` and the "
+                             "NVIDIA container toolkit on the node (`docker run --gpus all IMAGE "
+                             "nvidia-smi`)"))
+    return out

@@ -1,0 +1,98 @@
+"""The package's shape: no import cycles, each layer imports only below it, no module too long."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "sparkbook"
+MAX_LINES = 500
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PKG.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports() -> dict[str, set[str]]:
+    """Every sparkbook module and the sparkbook modules it imports (at any depth of its code)."""
+    modules = {module_name(p): p for p in PKG.rglob("*.py")}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for mod, path in modules.items():
+        package = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(anchor + ([base] if base else []))
+                targets = [base] + [f"{base}.{a.name}" for a in node.names]
+            for t in targets:
+                if t in modules and t != mod:
+                    graph[mod].add(t)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles():
+    # a package's __init__ re-exporting its modules is not a cycle of code
+    graph = {m: {t for t in ts if not m.startswith(t + ".")} for m, ts in imports().items()}
+    assert cycles(graph) == []
+
+
+@pytest.mark.parametrize("low", ["sparkbook.remote", "sparkbook.params", "sparkbook.verdict",
+                                 "sparkbook.parsers", "sparkbook.tables"])
+def test_low_layers_import_no_steps_notebook_or_lab(low):
+    graph = imports()
+    bad = [t for t in graph[low] if t.startswith(("sparkbook.lab", "sparkbook.steps", "sparkbook.notebook"))]
+    assert not bad, f"{low} imports {bad}"
+
+
+def test_steps_do_not_import_each_other():
+    graph = imports()
+    for mod, targets in graph.items():
+        if mod.startswith("sparkbook.steps."):
+            assert not [t for t in targets if t.startswith("sparkbook.steps.")], (mod, targets)
+
+
+def test_no_module_over_the_limit():
+    long = {module_name(p): n for p in PKG.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
