@@ -64,6 +64,32 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     return 1 if verdict.failures else 0
 
 
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    import textwrap
+    from .signatures import match
+    found = 0
+    for name in args.logs:
+        try:
+            text = sys.stdin.read() if name == "-" else Path(name).read_text(errors="replace")
+        except OSError as e:
+            print(f"sparkbook: cannot read {name}: {e.strerror or e}", file=sys.stderr)
+            return 2
+        source = "<stdin>" if name == "-" else name
+        hits = match(text, source=source)
+        found += len(hits)
+        lines = text.count("\n") + (not text.endswith("\n") and bool(text))
+        print(f"{source}: " + (f"{len(hits)} known failure(s)" if hits else
+                               f"no known failure ({lines} lines read)"))
+        for h in hits:
+            print(f"  {h.name} at {h.where}" + (f" ({h.count} lines)" if h.count > 1 else ""))
+            for label, value in (("cause", h.cause), ("evidence", h.evidence), ("detail", h.detail),
+                                 ("remedy", h.remedy)):
+                if value:
+                    print(textwrap.fill(value, 100, initial_indent=f"    {label + ':':<10}",
+                                        subsequent_indent=" " * 14, break_long_words=False))
+    return 1 if found else 0
+
+
 def cmd_lab(args: argparse.Namespace) -> int:
     from .lab import Lab, faults
     from .tables import Table
@@ -129,6 +155,15 @@ def parser() -> argparse.ArgumentParser:
                        "print the verdict table. Exit code 1 when any check fails.")
     _params_arg(p)
     p.set_defaults(func=cmd_preflight)
+
+    p = sub.add_parser("diagnose", help="name known failures in log files; exit 1 when one is found",
+                       description="Read vLLM, NCCL, Ray, torch or Docker logs (files, or - for "
+                       "stdin), from sparkbook's run folders or from a run made by hand, and name "
+                       "each known failure with its cause, the evidence line (file:line) and the "
+                       "remedy. No parameters file is needed. Exit code 1 when a known failure is "
+                       "found, 0 when none is.")
+    p.add_argument("logs", nargs="+", metavar="LOG", help="a log file, or - for stdin")
+    p.set_defaults(func=cmd_diagnose)
 
     p = sub.add_parser("lab", help="the local lab of simulated DGX Spark nodes",
                        description="Build, inspect, break and remove the local lab: N simulated DGX "

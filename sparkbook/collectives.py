@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from . import signatures
 from .serving.containers import docker_run
 from .params import Node, Params
 from .parsers import nccl_transport, parse_nccl_log
@@ -25,7 +26,6 @@ from .verdict import FAIL, PASS, SKIP, WARN, Check
 CONTAINER = "sparkbook-collectives"
 SCRIPT = Path(__file__).parent / "scripts" / "allreduce.py"
 PHASES = ("rendezvous", "started", "init-done", "first-collective", "first-collective-done", "done")
-ERROR_LINE = re.compile(r"(NCCL WARN|Error|error:|Connection refused|timed out|Timeout)", re.I)
 
 
 def backend(params: Params) -> str:
@@ -141,25 +141,40 @@ def run(params: Params, cluster: Cluster, run_dir: Path | None = None, omit: tup
 
 
 def diagnose(params: Params, out: Sweep) -> tuple[str, str]:
-    """Where a failed sweep stopped, and the likely cause."""
+    """Where a failed sweep stopped, and the likely cause: a known failure signature in a node's
+    log (sparkbook.signatures) when there is one, else what the phase it stopped in suggests."""
     stuck = {n: p for n, p in out.phases.items() if p != "done"}
     phase = min(stuck.values(), key=lambda p: PHASES.index(p) if p in PHASES else -1) if stuck else "done"
     addr, port = master(params)
     missing = [n for n, p in out.phases.items() if p in ("not started", "rendezvous")]
-    errors = [ln.strip()[:200] for log in out.logs.values() for ln in log.splitlines() if ERROR_LINE.search(ln)]
-    hint = f" Last error seen: {errors[-1]}" if errors else ""
     if phase in ("not started", "rendezvous"):
-        return ("rendezvous", f"rank(s) on {', '.join(missing)} never joined the rendezvous at "
+        phase = "rendezvous"
+    elif phase == "started":
+        phase = "communicator init"
+    elif phase in ("init-done", "first-collective"):
+        phase = "first collective"
+    else:
+        phase = "sweep"
+    known = [hits[0] for n, log in out.logs.items()
+             if (hits := signatures.match(log, step="02", source=f"logs/{n}/collectives.log"))]
+    if known:
+        hit = min(known, key=lambda h: signatures.ORDER[h.name])
+        detail = f"; {hit.detail}" if hit.detail and hit.detail not in hit.evidence else ""
+        return (phase, f"{hit.cause} ({hit.where}: {hit.evidence}{detail}). {hit.remedy}")
+    errors = [e for log in out.logs.values() if (e := signatures.last_error(log))]
+    hint = f" Last error seen: {errors[-1]}" if errors else ""
+    if phase == "rendezvous":
+        return (phase, f"rank(s) on {', '.join(missing)} never joined the rendezvous at "
                 f"{addr}:{port}: the node did not start its container, or cannot reach the head's "
                 f"fabric address (firewall, wrong rail address, port in use).{hint}")
-    if phase in ("started",):
-        return ("communicator init", "the ranks met but could not build the communicator: an "
+    if phase == "communicator init":
+        return (phase, "the ranks met but could not build the communicator: an "
                 "interface mismatch (NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME must name a rail every "
                 f"node reaches) or a firewall on NCCL's ports.{hint}")
-    if phase in ("init-done", "first-collective"):
-        return ("first collective", "the communicator exists but no data moves: a RoCE rail down, "
+    if phase == "first collective":
+        return (phase, "the communicator exists but no data moves: a RoCE rail down, "
                 f"an MTU mismatch on the path, or a wrong NCCL_IB_GID_INDEX.{hint}")
-    return ("sweep", f"the sweep started but did not finish in time: a slow or flapping link, or a "
+    return (phase, f"the sweep started but did not finish in time: a slow or flapping link, or a "
             f"time limit (collectives.timeout_s) too short for the largest size.{hint}")
 
 

@@ -88,6 +88,14 @@ class SSH(_Model):
     parallel: int = Field(16, ge=1, description="at most this many nodes are worked on at once")
 
 
+# `docker run` options sparkbook sets on its containers (networking, devices, mounts, environment,
+# names, labels, entrypoint, lifetime): the parameters' docker_args may not set them again.
+MANAGED_DOCKER_FLAGS = frozenset({
+    "network", "net", "ipc", "gpus", "device", "volume", "mount", "env", "env-file", "name", "label",
+    "label-file", "entrypoint", "rm", "detach", "interactive", "tty", "shm-size", "privileged",
+    "ulimit", "cap-add", "runtime", "pid", "uts", "userns", "volumes-from"})
+
+
 class Runtime(_Model):
     kind: Literal["docker", "venv"] = "docker"
     image: str | None = Field(None, min_length=1)
@@ -101,6 +109,35 @@ class Runtime(_Model):
     hf_cache: str | None = Field(None, description="Hugging Face cache on every node, mounted into "
                                  "the serving container (absolute path)")
     nccl_ib_gid_index: int = Field(3, ge=0, description="RoCE v2 GID index for NCCL (3 on DGX OS)")
+    entrypoint: str | None = Field(
+        None, min_length=1,
+        description="program every sparkbook container starts its command through (an image's "
+        "entrypoint wrapper, e.g. /opt/nvidia/nvidia_entrypoint.sh); by default each command's own "
+        "program is the entrypoint, whatever the image declares")
+    docker_args: list[str] = Field(
+        default_factory=list, description="extra `docker run` options for every sparkbook "
+        "container, each one item `--flag=value` (or `--flag`); not the ones sparkbook sets itself")
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint(cls, v: str | None) -> str | None:
+        if v is not None and (v.startswith("-") or any(c.isspace() for c in v)):
+            raise ValueError(f"must be one program (a path or a name), not {v!r}")
+        return v
+
+    @field_validator("docker_args")
+    @classmethod
+    def _docker_args(cls, v: list[str]) -> list[str]:
+        bad = []
+        for item in v:
+            m = re.fullmatch(r"--([a-z][a-z0-9-]*)(=.*)?", item, re.S)
+            if not m:
+                bad.append(f"{item!r} (write each as one item --flag=value)")
+            elif m.group(1) in MANAGED_DOCKER_FLAGS:
+                bad.append(f"{item!r} (--{m.group(1)} is set by sparkbook)")
+        if bad:
+            raise ValueError("; ".join(bad))
+        return v
 
 
 class ModelSpec(_Model):
@@ -137,6 +174,9 @@ class Serving(_Model):
     extra_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     startup_timeout: float = Field(1800, gt=0)
+    stall_timeout: float = Field(
+        600, gt=0, description="seconds without progress on any node (no new log line, no CPU used "
+        "by vLLM) after which 05 calls the start-up stalled, naming the phase")
     ray_object_store_gb: float = Field(
         4, gt=0, description="Ray's object store cap per node: on GB10 it comes out of the unified "
         "memory the model needs")

@@ -1,16 +1,23 @@
 """The smoke test of a served model: does the OpenAI-compatible API do what clients rely on?
 
-Every check looks at the *structure* of the answers, never at their content: the lab serves a
-random-weight model whose text is noise, and a real model's text varies from run to run. What is
-checked: the model is listed; a chat completion answers with usage; a streamed one sends chunks and
-its usage (``stream_options.include_usage``); with a reasoning parser the reasoning arrives apart
-from the answer; a forced tool call has arguments that parse as JSON and match the tool's schema;
+Every check looks at the *structure* of the answers, never at their wording, which varies from model
+to model and run to run. What is checked: the model is listed; a chat completion answers with usage;
+a streamed one sends chunks and its usage (``stream_options.include_usage``); with a reasoning
+parser, the reasoning arrives apart from the answer, with room for a thinking model to finish; with
+``tool_choice`` ``"auto"`` and a prompt that needs the tool, the model's call comes back through the
+server's tool-call parser with arguments valid against the tool's schema (only ``auto`` proves the
+configured parser matches the model: a ``required`` or named tool choice is answered by guided
+decoding, which vLLM may format and parse itself), and a ``required`` call is checked apart;
 ``max_tokens`` and ``stop`` are honoured; an unknown model name is refused quickly, not hung on.
+
+The prompts and the tool are in :mod:`sparkbook.smoke_prompts`, where the lab's tiny model learns
+to answer them (``sparkbook/lab/make_model.py``), so that the lab proves these checks for real.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -19,31 +26,20 @@ import httpx
 import openai
 
 from . import endpoint
+from .smoke_prompts import HELLO, NO_THINKING, REASONING, THINKING, TOOL, TOOL_NAME, TOOL_PROMPT
 from .step import Outcome
 from .verdict import FAIL, PASS, SKIP, WARN, Check
 
-PROMPT = "Say hello in one short sentence."
 UNKNOWN_MODEL = "sparkbook-no-such-model"
 STOP = "e"  # a letter almost any text holds, so that the stop is really exercised
-# A tool whose arguments have few valid values, so that even a random-weight model, forced through
-# guided decoding, writes a short complete object before max_tokens.
-TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The current weather in a city.",
-        "strict": True,  # the arguments follow the schema (guided decoding), as OpenAI defines it
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "enum": ["Paris", "Berlin", "Tokyo"]},
-                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-            },
-            "required": ["city", "unit"],
-            "additionalProperties": False,
-        },
-    },
-}
+# max_tokens of the requests a thinking model may reason through first (the reasoning check and the
+# tool calls): room for a few hundred tokens of reasoning on a short question, with a wide margin.
+REASONING_BUDGET = 2048
+# How tool calls look in text when no parser took them out (Hermes/Qwen, Mistral, Llama 3, Kimi and
+# DeepSeek, XML-style function tags): a call left in the content is the parser's failure.
+CALL_MARKS = ("<tool_call>", "[TOOL_CALLS]", "<|python_tag|>", "<|tool_call", "<｜tool", "<function")
+# ... or the tool's name as a call: get_weather(...), {"name": "get_weather", ...}, "get_weather": {...}
+NAMED_CALL = re.compile(rf'{TOOL_NAME}\s*\(|"{TOOL_NAME}"[^{{}}]{{0,40}}{{|{{[^{{}}]{{0,40}}"{TOOL_NAME}"')
 REACH = "is vLLM up and listening on this address? (the serving step, `docker logs` on the head)"
 
 
@@ -76,6 +72,57 @@ def _short(text: str | None, n: int = 40) -> str:
     return repr(text if len(text) <= n else text[: n - 1] + "…")
 
 
+def judge_reasoning(thought: str, content: str, finish: str | None, budget: int,
+                    parser: str | None) -> tuple[str, str, str]:
+    """(status, observed, remedy) of a reasoning answer: ``thought`` from the reasoning field,
+    ``content`` the answer, ``finish`` its finish_reason under max_tokens ``budget``. PASS when they
+    come apart; FAIL when the reasoning markup is left in the answer, when there is no reasoning at
+    all or nothing but reasoning although the model finished; WARN only when the reasoning never
+    closed within the budget (inconclusive)."""
+    cut = finish == "length"
+    seen = f"reasoning {_short(thought)}, answer {_short(content)}, finish {finish}"
+    not_its = f"the reasoning parser {parser!r} is not the model's (serving.reasoning_parser)"
+    if "</think>" in content or ("<think>" in content and not cut):
+        return FAIL, f"reasoning markup left in the answer: {seen}", f"{not_its}: it did not split the output"
+    if thought and content.strip():
+        return PASS, f"apart: {seen}", ""
+    if cut:
+        return WARN, f"the reasoning did not close within max_tokens {budget}: {seen}", \
+            f"inconclusive: give the model more room (reasoning_budget, e.g. {budget * 4})"
+    if thought:
+        return FAIL, f"the model finished, and its whole output came back as reasoning: {seen}", \
+            "clients get no answer: the parser found no end of the reasoning. A model that does not " \
+            f"think needs no reasoning parser; one that does needs its own ({not_its})"
+    if content:
+        return FAIL, f"no reasoning, only an answer: {seen}", \
+            "a reasoning parser is set, yet nothing came back as reasoning: does the model think " \
+            f"(some only when asked, through chat_template_kwargs)? If it does, {not_its}"
+    return FAIL, f"empty answer: {seen}", "see the server's log for the request"
+
+
+def written_call(text: str) -> bool:
+    """Whether ``text`` holds a tool call written out (a marker, or the tool's name as a call), not
+    merely the tool's name in a sentence."""
+    return any(mark in text for mark in CALL_MARKS) or NAMED_CALL.search(text) is not None
+
+
+def call_problem(calls: list, finish: str | None) -> str:
+    """What is wrong with the tool calls of an answer (empty when the first is a get_weather call
+    whose arguments are JSON valid against the tool's schema)."""
+    f = calls[0].function
+    if f.name != TOOL_NAME:
+        return f"called {f.name!r} instead of {TOOL_NAME!r}"
+    try:
+        args = json.loads(f.arguments)
+    except ValueError:
+        cut = " (cut at max_tokens)" if finish == "length" else ""
+        return f"arguments are not JSON{cut}: {_short(f.arguments, 80)}"
+    errors = schema_errors(args, TOOL["function"]["parameters"])
+    if errors:
+        return f"arguments {_short(f.arguments, 60)} break the schema: {'; '.join(errors)}"
+    return ""
+
+
 class _Smoke:
     def __init__(self, base_url: str, model: str, node: str, timeout: float, api_key: str,
                  reasoning_parser: str | None, tool_call_parser: str | None):
@@ -89,9 +136,9 @@ class _Smoke:
         self.reasoning_parser, self.tool_call_parser = reasoning_parser, tool_call_parser
         self.unreachable = ""
 
-    def chat(self, **kw):
+    def chat(self, prompt: str = HELLO, **kw):
         return self.client.chat.completions.create(
-            model=kw.pop("model", self.model), messages=[{"role": "user", "content": PROMPT}], **kw)
+            model=kw.pop("model", self.model), messages=[{"role": "user", "content": prompt}], **kw)
 
     def check(self, name: str, command: str, expected: str,
               fn: Callable[[], tuple[str, str, str]]) -> Check:
@@ -119,17 +166,20 @@ def _message(e: openai.APIStatusError) -> str:
 
 def run(base_url: str, model: str, *, reasoning_parser: str | None = None,
         tool_call_parser: str | None = None, timeout: float = 120.0, node: str = "api",
-        api_key: str = "EMPTY") -> SmokeTest:
+        api_key: str = "EMPTY", reasoning_budget: int = REASONING_BUDGET) -> SmokeTest:
     """Smoke-test the model served at ``base_url`` (``http://HOST:PORT`` or ``.../v1``).
 
     ``reasoning_parser`` and ``tool_call_parser`` are the serving parameters: a reasoning parser
-    makes the reasoning check meaningful (SKIP otherwise). ``timeout`` bounds each request;
-    ``node`` fills the checks' node column."""
+    makes the reasoning check meaningful (SKIP otherwise), a tool-call parser the ``auto`` tool call
+    (vLLM refuses ``auto`` without one). ``timeout`` bounds each request (for the streamed reasoning
+    check, each wait for a chunk); ``reasoning_budget`` is the max_tokens of the requests a thinking
+    model may reason through first; ``node`` fills the checks' node column."""
     s = _Smoke(base_url, model, node, timeout, api_key, reasoning_parser, tool_call_parser)
-    # Qwen3-style templates: with thinking off the prompt already closes the reasoning, so guided
-    # decoding of tool arguments starts at once (a random model would never close it itself).
-    no_thinking = {"chat_template_kwargs": {"enable_thinking": False}} if reasoning_parser else {}
+    # Qwen3-style templates: with thinking off the prompt already closes the reasoning, so the tool
+    # calls come at once (the reasoning check asks for thinking explicitly).
+    no_thinking = {"chat_template_kwargs": NO_THINKING} if reasoning_parser else {}
     post = "POST /v1/chat/completions"
+    budget = f"max_tokens {reasoning_budget}"
 
     def models():
         ids = [m.id for m in s.client.models.list().data]
@@ -167,41 +217,56 @@ def run(base_url: str, model: str, *, reasoning_parser: str | None = None,
         return PASS, f"{seen}; usage {usage.prompt_tokens} + {usage.completion_tokens} tokens", ""
 
     def reasoning():
-        r = s.chat(max_tokens=64)
-        msg = r.choices[0].message
-        thought, content = reasoning_of(msg), msg.content or ""
-        leaked = [t for t in ("<think>", "</think>") if t in content]
-        if leaked:
-            return FAIL, f"{' and '.join(leaked)} left in the answer {_short(content)}", \
-                f"the reasoning parser {reasoning_parser!r} did not split the output: is it the " \
-                "model's parser (serving.reasoning_parser)?"
-        if thought:
-            return PASS, f"reasoning {_short(thought)} apart from answer {_short(content)}", ""
-        return WARN, f"no reasoning field; answer {_short(content)}", \
-            "inconclusive: the model wrote no reasoning block (a random-weight model seldom does); " \
-            "with a real reasoning model, check serving.reasoning_parser"
+        # streamed: a long reasoning keeps sending chunks, so `timeout` bounds silence, not length
+        thought, said, finish = [], [], None
+        for chunk in s.chat(REASONING, max_tokens=reasoning_budget, stream=True,
+                            extra_body={"chat_template_kwargs": THINKING}):
+            for c in chunk.choices:
+                thought.append(reasoning_of(c.delta))
+                said.append(c.delta.content or "")
+                finish = c.finish_reason or finish
+        return judge_reasoning("".join(thought), "".join(said), finish, reasoning_budget, reasoning_parser)
 
-    def tool():
-        r = s.chat(max_tokens=512, tools=[TOOL], extra_body=no_thinking or None,
-                   tool_choice={"type": "function", "function": {"name": "get_weather"}})
-        calls = r.choices[0].message.tool_calls or []
-        fix = "named tool calls use guided decoding: see the server's log" + (
-            "" if tool_call_parser else "; recent vLLM needs serving.tool_call_parser for them")
+    def tool_auto():
+        r = s.chat(TOOL_PROMPT, max_tokens=reasoning_budget, tools=[TOOL], tool_choice="auto",
+                   extra_body=no_thinking or None)
+        c = r.choices[0]
+        calls, finish = c.message.tool_calls or [], c.finish_reason
+        not_its = f"the tool-call parser {tool_call_parser!r} is not the model's (serving.tool_call_parser)"
         if not calls:
-            return FAIL, f"no tool call (finish {r.choices[0].finish_reason}, content " \
-                         f"{_short(r.choices[0].message.content)})", fix
-        f = calls[0].function
-        if f.name != "get_weather":
-            return FAIL, f"called {f.name!r} instead of 'get_weather'", fix
-        try:
-            args = json.loads(f.arguments)
-        except ValueError:
-            cut = " (cut at max_tokens)" if r.choices[0].finish_reason == "length" else ""
-            return FAIL, f"arguments are not JSON{cut}: {_short(f.arguments, 80)}", fix
-        errors = schema_errors(args, TOOL["function"]["parameters"])
-        if errors:
-            return FAIL, f"arguments {_short(f.arguments, 60)} break the schema: {'; '.join(errors)}", fix
-        return PASS, f"get_weather({f.arguments})", ""
+            text = (c.message.content or "") + reasoning_of(c.message)
+            seen = f"{_short(text, 80)}, finish {finish}"
+            if finish == "length":  # still thinking, or cut while writing the call: no parser takes it
+                return WARN, f"no tool call within {budget}: {seen}", \
+                    f"inconclusive: give the model more room (reasoning_budget, e.g. {reasoning_budget * 4})"
+            if written_call(text):
+                return FAIL, f"no tool call, but the model wrote one as text: {seen}", \
+                    f"{not_its}: it did not take out the call the model wrote"
+            return WARN, f"the model answered without calling {TOOL_NAME}: {seen}", \
+                "not proven: the parser was not exercised. Does the model call tools (its chat " \
+                "template must render them)?"
+        problem = call_problem(calls, finish)
+        if problem:
+            return FAIL, problem, f"the parser took out a malformed call: see the server's log; {not_its}?"
+        args = calls[0].function.arguments
+        if finish != "tool_calls":
+            return FAIL, f"{TOOL_NAME}({args}) with finish {finish}, not tool_calls", \
+                "clients run the tools when finish_reason is tool_calls: see the server's log"
+        return PASS, f"{TOOL_NAME}({args}) taken out by the {tool_call_parser} parser, finish tool_calls", ""
+
+    def tool_required():
+        r = s.chat(TOOL_PROMPT, max_tokens=reasoning_budget, tools=[TOOL], tool_choice="required",
+                   extra_body=no_thinking or None)
+        c = r.choices[0]
+        calls = c.message.tool_calls or []
+        fix = "tool_choice required is answered by guided decoding: see the server's log" + (
+            "" if tool_call_parser else "; recent vLLM needs serving.tool_call_parser for it")
+        if not calls:
+            return FAIL, f"no tool call (finish {c.finish_reason}, content {_short(c.message.content)})", fix
+        problem = call_problem(calls, c.finish_reason)
+        if problem:
+            return FAIL, problem, fix
+        return PASS, f"{TOOL_NAME}({calls[0].function.arguments}), finish {c.finish_reason}", ""
 
     def max_tokens():
         r = s.chat(max_tokens=8)
@@ -227,7 +292,7 @@ def run(base_url: str, model: str, *, reasoning_parser: str | None = None,
         start = time.monotonic()
         try:
             s.client.with_options(timeout=t).chat.completions.create(
-                model=UNKNOWN_MODEL, messages=[{"role": "user", "content": PROMPT}], max_tokens=4)
+                model=UNKNOWN_MODEL, messages=[{"role": "user", "content": HELLO}], max_tokens=4)
         except (openai.NotFoundError, openai.BadRequestError) as e:
             return PASS, f"HTTP {e.status_code} in {time.monotonic() - start:.2f} s: {_message(e)}", ""
         except openai.APITimeoutError:
@@ -235,6 +300,11 @@ def run(base_url: str, model: str, *, reasoning_parser: str | None = None,
         return FAIL, "answered as if the model existed", \
             "something in front of vLLM ignores the model name: clients cannot tell models apart"
 
+    def tools(choice: str) -> str:
+        return f"{post}: tools [{TOOL_NAME}], tool_choice {choice}, {budget}" + (
+            ", thinking off" if no_thinking else "")
+
+    call = f"a {TOOL_NAME} call with JSON arguments matching its schema"
     checks = [
         s.check("model listed", "GET /v1/models", f"{model} listed", models),
         s.check("chat completion", f"{post}: 1 user message, max_tokens 32",
@@ -243,15 +313,20 @@ def run(base_url: str, model: str, *, reasoning_parser: str | None = None,
                 "chunks with text, then a usage chunk", stream),
     ]
     if reasoning_parser:
-        checks.append(s.check("reasoning", f"{post}: max_tokens 64 (reasoning parser {reasoning_parser})",
-                              "reasoning in reasoning_content/reasoning, not in the answer", reasoning))
+        checks.append(s.check("reasoning", f"{post}: stream, thinking on, {budget} (reasoning parser "
+                              f"{reasoning_parser})", "reasoning in reasoning_content/reasoning, then "
+                              "an answer apart from it", reasoning))
     else:
         checks.append(Check("reasoning", node, SKIP, "no reasoning parser (serving.reasoning_parser)",
                             "reasoning apart from the answer"))
+    expected_auto = f"{call}, taken out by the tool-call parser, finish tool_calls"
+    if tool_call_parser:
+        checks.append(s.check("tool call (auto)", tools("auto"), expected_auto, tool_auto))
+    else:
+        checks.append(Check("tool call (auto)", node, SKIP, "no tool-call parser (serving.tool_call_parser): "
+                            "vLLM answers tool_choice auto only with one", expected_auto))
     checks += [
-        s.check("tool call", f"{post}: tools [get_weather], tool_choice get_weather, max_tokens 512"
-                + (", enable_thinking false" if no_thinking else ""),
-                "a get_weather call with JSON arguments matching its schema", tool),
+        s.check("tool call (required)", tools("required"), call, tool_required),
         s.check("max_tokens", f"{post}: max_tokens 8", "1 to 8 completion tokens", max_tokens),
         s.check("stop", f"{post}: stop [{STOP!r}], max_tokens 64", f"no {STOP!r} in the output", stop),
         s.check("unknown model", f"{post}: model {UNKNOWN_MODEL!r}", "HTTP 404 or 400 within 10 s", unknown),

@@ -5,6 +5,14 @@ of stream_options.include_usage) and vLLM's /tokenize.
 The "model" writes a fixed cycle of short words, one token each; prompts are counted by a toy
 tokenizer: a word is one token per started four characters, and the chat template adds
 CHAT_OVERHEAD tokens. Attributes of the instance change its behaviour between requests.
+
+Reasoning and tool calls as vLLM (0.32) answers them: a thinking model (``thinks``) writes that many
+tokens of reasoning, closes it and answers; with a reasoning parser (``reasoning_field``) the
+reasoning comes back apart, cut reasoning (never closed) all as reasoning, and without a parser the
+``<think>`` markup stays in the content. Given tools, the model calls one in its own format
+(``tool_format``): a tool-call parser that knows it (``tool_parser``) takes the call out of the text
+(``tool_calls``, finish_reason ``tool_calls``); otherwise it stays in the content. ``required`` and
+named tool choices are answered by guided decoding, whatever the model's format.
 """
 
 from __future__ import annotations
@@ -39,8 +47,12 @@ class FakeOpenAI:
         self.eos_after = 20  # natural answer length, unless ignore_eos or min_tokens
         self.usage = True  # False: usage is never sent
         self.tool_args = "valid"  # "invalid-json" or "schema-mismatch"
-        self.reasoning_field: str | None = None  # "reasoning_content"/"reasoning": split reasoning off
-        self.leak_think = False  # <think>...</think> left in the content
+        self.tool_parser = True  # the server has a tool-call parser (vLLM answers tool_choice only then)
+        self.tool_format = "hermes"  # how the model calls: "hermes" (the parser's), "other", "none" (never)
+        self.tool_finish: str | None = None  # overrides finish_reason of a parsed call
+        self.thinks = 0  # tokens of reasoning a thinking model writes before its answer
+        self.closes_thinking = True  # False: its reasoning never ends (an answer the parser takes for it)
+        self.reasoning_field: str | None = None  # the reasoning parser's field: "reasoning_content"/"reasoning"
         self.tokenize = True  # False: no /tokenize (404)
         self.max_model_len = 4096
         self.fail_every = 0  # every k-th generation request answers HTTP 500
@@ -73,11 +85,12 @@ class FakeOpenAI:
 
     # --- what the "model" answers ---
 
-    def generate(self, body: dict, n: int) -> tuple[list[str], str, str | None]:
+    def generate(self, body: dict, n: int, thinks: int = 0) -> tuple[list[str], str, str | None]:
         """(token texts, finish_reason, stop_reason), honouring max_tokens, min_tokens,
-        ignore_eos and stop."""
+        ignore_eos and stop; ``thinks`` tokens of reasoning come before the natural answer."""
         limit = body.get("max_tokens") or body.get("max_completion_tokens") or 16
-        k = limit if body.get("ignore_eos") else min(limit, max(self.eos_after, body.get("min_tokens") or 0))
+        natural = thinks + self.eos_after
+        k = limit if body.get("ignore_eos") else min(limit, max(natural, body.get("min_tokens") or 0))
         k += self.extra_tokens
         stops = (body.get("stop") or []) if self.honour_stop else []
         stops = [stops] if isinstance(stops, str) else stops
@@ -93,14 +106,46 @@ class FakeOpenAI:
             out.append(piece)
         return out, "length" if k == limit else "stop", None
 
-    def tool_call(self, body: dict) -> dict:
-        name = body["tool_choice"]["function"]["name"]
+    def tool_call(self, body: dict, name: str) -> dict:
         schema = next(t["function"]["parameters"] for t in body["tools"] if t["function"]["name"] == name)
         args = {k: p["enum"][0] if "enum" in p else {"string": "x", "integer": 1, "number": 1.5}[p["type"]]
                 for k, p in schema["properties"].items()}
         text = {"valid": json.dumps(args), "invalid-json": json.dumps(args)[:-3],
                 "schema-mismatch": json.dumps({k: 5 for k in args})}[self.tool_args]
         return {"id": "call_0", "type": "function", "function": {"name": name, "arguments": text}}
+
+    def reply(self, body: dict, n: int, chat: bool) -> dict:
+        """What the server answers: token texts tagged with their field ("reasoning", "content"),
+        tool calls, finish and stop reasons."""
+        thinking = chat and self.thinks > 0 and \
+            (body.get("chat_template_kwargs") or {}).get("enable_thinking", True) is not False
+        think = self.thinks if thinking else 0
+        pieces, finish, stop_reason = self.generate(body, n, think if self.closes_thinking else 0)
+        parts = [("reasoning" if i < think or (thinking and not self.closes_thinking) else "content", p)
+                 for i, p in enumerate(pieces)]
+        closed = thinking and self.closes_thinking and len(pieces) > think
+        calls: list[dict] = []
+        choice = body.get("tool_choice", "auto") if chat and body.get("tools") else "none"
+        if choice == "required" or isinstance(choice, dict):  # guided decoding writes the call
+            name = choice["function"]["name"] if isinstance(choice, dict) else body["tools"][0]["function"]["name"]
+            calls = [self.tool_call(body, name)]
+            parts = [p for p in parts if p[0] == "reasoning"]
+            finish = "tool_calls" if choice == "required" else "stop"
+        elif choice == "auto" and self.tool_format != "none" and (closed or not thinking):
+            call = self.tool_call(body, body["tools"][0]["function"]["name"])
+            parts = [p for p in parts if p[0] == "reasoning"]
+            if finish == "length":  # cut while writing the call: it stays in the text, unparsed
+                parts.append(("content", '<tool_call>\n{"name": "get_'))
+            elif self.tool_format == "hermes" and self.tool_parser:
+                calls, finish = [call], self.tool_finish or "tool_calls"
+            else:  # the parser does not know the model's format: the call stays in the text
+                f = call["function"]
+                parts.append(("content", f"[TOOL_CALLS]{f['name']}{f['arguments']}"))
+        if thinking and not self.reasoning_field:  # no reasoning parser: the markup stays in the answer
+            parts = [("content", "<think>" * (i == 0) + t + "</think>" * (closed and i == think - 1))
+                     for i, (_, t) in enumerate(parts)]
+        return {"parts": parts, "tool_calls": calls, "finish": finish, "stop_reason": stop_reason,
+                "tokens": len(pieces)}
 
     def delay(self, n: int) -> float:
         return self.token_delay(n) if callable(self.token_delay) else self.token_delay
@@ -184,28 +229,29 @@ def _handler(fake: FakeOpenAI):
                 fake.requests.append(body)
             if fake.fail_every and n % fake.fail_every == 0:
                 return self.error(500, "injected failure")
+            choice = body.get("tool_choice", "auto")
+            if body.get("tools") and choice != "none" and not fake.tool_parser:  # vLLM 0.32's refusals
+                return self.error(400, '"auto" tool choice requires --enable-auto-tool-choice and '
+                                  "--tool-call-parser to be set" if choice == "auto" else
+                                  f"tool_choice={json.dumps(choice)} requires --tool-call-parser to be set")
             self.generation(body, n, chat=self.path.endswith("chat/completions"))
 
         def generation(self, body: dict, n: int, chat: bool) -> None:
-            pieces, finish, stop_reason = fake.generate(body, n)
+            r = fake.reply(body, n, chat)
             prompt = chat_tokens(body["messages"]) if chat else count_tokens(body["prompt"])
-            usage = {"prompt_tokens": prompt, "completion_tokens": len(pieces),
-                     "total_tokens": prompt + len(pieces)}
-            tool = fake.tool_call(body) if chat and isinstance(body.get("tool_choice"), dict) else None
-            half = len(pieces) // 2 if fake.reasoning_field else 0
+            usage = {"prompt_tokens": prompt, "completion_tokens": r["tokens"],
+                     "total_tokens": prompt + r["tokens"]}
             kind = "chat.completion" if chat else "text_completion"
+            field = {"reasoning": fake.reasoning_field, "content": "content"}
             if not body.get("stream"):
-                choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "stop_reason": stop_reason}
+                choice: dict[str, Any] = {"index": 0, "finish_reason": r["finish"], "stop_reason": r["stop_reason"]}
+                said = "".join(t for f, t in r["parts"] if f == "content")
                 if not chat:
-                    choice["text"] = "".join(pieces)
+                    choice["text"] = said
                 else:
-                    thought, answer = "".join(pieces[:half]), "".join(pieces[half:])
-                    if fake.leak_think:
-                        answer = f"<think>{answer}</think>{answer}"
-                    msg = {"role": "assistant", "content": None if tool else answer,
-                           "tool_calls": [tool] if tool else []}
+                    msg = {"role": "assistant", "content": said or None, "tool_calls": r["tool_calls"]}
                     if fake.reasoning_field:
-                        msg[fake.reasoning_field] = thought
+                        msg[fake.reasoning_field] = "".join(t for f, t in r["parts"] if f == "reasoning") or None
                     choice["message"] = msg
                 data = {"id": f"x-{n}", "object": kind, "model": fake.model, "created": 0, "choices": [choice]}
                 if fake.usage:
@@ -219,17 +265,22 @@ def _handler(fake: FakeOpenAI):
             base = {"id": f"x-{n}", "object": kind + ".chunk", "model": fake.model, "created": 0}
             if chat:
                 self.event({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
-            step = fake.tokens_per_chunk
-            for i in range(0, len(pieces), step):
+            step, parts = fake.tokens_per_chunk, r["parts"]
+            for i in range(0, len(parts), step):
                 if i:
                     time.sleep(fake.delay(n))
-                text = "".join(pieces[i:i + step])
-                field = fake.reasoning_field if i < half else "content"
-                part = {"delta": {field: text}} if chat else {"text": text}
+                delta: dict[str, str] = {}
+                for f, t in parts[i:i + step]:
+                    delta[field[f]] = delta.get(field[f], "") + t
+                part = {"delta": delta} if chat else {"text": "".join(delta.values())}
                 self.event({**base, "choices": [{"index": 0, **part, "finish_reason": None}]})
+            if r["tool_calls"]:
+                calls = [{"index": i, **c} for i, c in enumerate(r["tool_calls"])]
+                delta = {"delta": {"tool_calls": calls}, "finish_reason": None}
+                self.event({**base, "choices": [{"index": 0, **delta}]})
             end = {"delta": {}} if chat else {"text": ""}
-            self.event({**base, "choices": [{"index": 0, **end, "finish_reason": finish,
-                                             "stop_reason": stop_reason}]})
+            self.event({**base, "choices": [{"index": 0, **end, "finish_reason": r["finish"],
+                                             "stop_reason": r["stop_reason"]}]})
             if fake.usage and (body.get("stream_options") or {}).get("include_usage"):
                 self.event({**base, "choices": [], "usage": usage})
             self.event("[DONE]")

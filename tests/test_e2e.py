@@ -35,6 +35,17 @@ def test_every_step_passes(full_run):
     assert summary["status"] == "passed"
 
 
+def test_the_reference_path_ran_ray_workers_and_parsers_proven(full_run):
+    """The Ray executor with vLLM's workers as Ray actors on both nodes, in an image with an
+    ENTRYPOINT; the tool call (auto and required) and the reasoning through the configured parsers."""
+    out, _ = full_run
+    serving = json.loads((out / "serving.json").read_text())
+    assert serving["executor"] == "ray" and serving["ray_workers"] == {"spark-1": 1, "spark-2": 1}
+    smoke = {c["check"]: c["status"] for c in json.loads((out / "verdicts" / "06_smoke_test.json").read_text())["checks"]}
+    for check in ("tool call (auto)", "tool call (required)", "reasoning"):
+        assert smoke[check] == "PASS", smoke
+
+
 def test_results_data_and_plots_are_in_the_run_folder(full_run):
     out, _ = full_run
     for name in ("summary.json", "report.html", "collectives.csv", "collectives.png", "distribution.json",

@@ -170,3 +170,10 @@ def test_down_leaves_nothing_and_up_again_with_the_image_on_the_head_only(lab, p
     res = Cluster.from_params(params).run(["docker", "image", "inspect", "--format", "{{.Id}}",
                                            params.runtime.image])
     assert res["spark-1"].ok and not res["spark-2"].ok
+
+
+def test_the_lab_image_declares_vllm_serve_as_its_entrypoint_like_vllm_openai(lab, params):
+    """So that every lab run proves sparkbook's containers name their own program."""
+    head = Cluster.from_params(params).run_on(params.head, ["docker", "image", "inspect", "--format",
+                                                            "{{json .Config.Entrypoint}}", params.runtime.image])
+    assert json.loads(head.stdout) == ["vllm", "serve"]

@@ -78,7 +78,7 @@ def test_no_import_cycles():
     assert cycles(graph) == []
 
 
-@pytest.mark.parametrize("low", ["sparkbook.remote", "sparkbook.params", "sparkbook.verdict",
+@pytest.mark.parametrize("low", ["sparkbook.remote", "sparkbook.params", "sparkbook.verdict", "sparkbook.signatures",
                                  "sparkbook.parsers", "sparkbook.tables"])
 def test_low_layers_import_no_steps_notebook_or_lab(low):
     graph = imports()

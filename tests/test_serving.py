@@ -1,16 +1,14 @@
-"""Serving (04, 05, 08): the command builders for the DGX Spark pair (offline), the node scripts
-against a fake `docker`, failure signatures on real vLLM logs, then on the lab: 04 forms a Ray
-cluster, 05 serves TP 2 across both nodes (twice: the second run changes nothing), 08 leaves
-nothing; a worker killed during start-up and a busy port fail 05 naming the node and the cause."""
+"""Serving (04, 05, 08) without the lab: the command builders for the DGX Spark pair, the node
+scripts against a fake `docker`, failure signatures on real vLLM logs. On the lab:
+test_serving_lab.py."""
 
 import json
+from contextlib import contextmanager
 import os
-import re
 import shlex
 import subprocess
-import threading
+import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -18,17 +16,12 @@ import yaml
 
 
 from conftest import field_sample
-from sparkbook.lab import faults
-from sparkbook.lab.lab import docker
-from sparkbook.params import load, validate
-from sparkbook.parsers import listener
+from sparkbook.params import ParamsError, load, validate
 from sparkbook.redact import MASK
 from sparkbook.remote import Cluster, command_line
-from sparkbook.runner import run
-from sparkbook.serving import commands, deploy, state
-from sparkbook.serving.inspection import ImageInfo, configured_options, image_checks
+from sparkbook.serving import commands, deploy, startup, state
+from sparkbook.serving.inspection import ImageInfo, configured_options, image_checks, image_table
 from sparkbook.serving.logs import match_signature
-from sparkbook.serving.ray import form_ray_cluster
 from sparkbook.serving.state import node_states
 from sparkbook.serving.teardown import teardown
 from sparkbook.steps import serve as serve_step
@@ -42,6 +35,11 @@ CANARY = "hf_CANARYcanary0123456789"
 
 def env_of(cmd):
     return dict(cmd[i + 1].split("=", 1) for i, a in enumerate(cmd) if a == "-e")
+
+
+def program(cmd, image):
+    """What a container runs: its --entrypoint, then the arguments after the image."""
+    return [cmd[cmd.index("--entrypoint") + 1], *cmd[cmd.index(image) + 1:]]
 
 
 def failures(checks):
@@ -64,7 +62,7 @@ def test_spark_pair_containers_have_what_multi_node_serving_needs():
             assert env[k] == "enp1s0f1np1"
         assert env["NCCL_IB_HCA"] == "rocep1s0f1,roceP2p1s0f1" and env["NCCL_IB_GID_INDEX"] == "3"
         assert env["RAY_memory_monitor_refresh_ms"] == "0"
-        ray = cmd[cmd.index(p.runtime.image) + 1:]
+        ray = program(cmd, p.runtime.image)
         assert ray[:3] == ["ray", "start", "--block"] and ray[ray.index("--node-ip-address") + 1] == ip
         assert ray[ray.index("--num-gpus") + 1] == "1" and "--object-store-memory" in ray
     head, worker = (commands.container_command(p, n) for n in p.nodes)
@@ -88,7 +86,7 @@ def test_privileged_only_when_asked_and_mp_starts_headless_workers_first():
     head, worker = p.nodes
     cmd = commands.container_command(p, worker)
     assert "--privileged" in cmd and "--device" not in cmd
-    serve = cmd[cmd.index(p.runtime.image) + 1:]
+    serve = program(cmd, p.runtime.image)
     assert serve[:2] == ["vllm", "serve"] and "--headless" in serve
     assert serve[serve.index("--node-rank") + 1] == "1"
     assert serve[serve.index("--master-addr") + 1] == "192.168.100.10"
@@ -97,6 +95,35 @@ def test_privileged_only_when_asked_and_mp_starts_headless_workers_first():
     assert "--headless" not in hserve and hserve[hserve.index("--node-rank") + 1] == "0"
     assert [g[0].name for g in commands.groups(p.nodes, ray=False)] == ["spark-2", "spark-1"]
     assert [g[0].name for g in commands.groups(p.nodes, ray=True)] == ["spark-1", "spark-2"]
+
+
+def test_every_container_names_its_program_whatever_the_images_entrypoint():
+    """vllm/vllm-openai images declare ENTRYPOINT ["vllm", "serve"]: a command after the image
+    would be appended to it. Each sparkbook container sets its own entrypoint, or runs its whole
+    command through runtime.entrypoint; extra docker_args come before the image."""
+    from sparkbook.collectives import command as torchrun_command
+    p = load(PAIR)
+    for cmd, first in ((commands.container_command(p, p.head, ray=True), ["ray", "start"]),
+                       (commands.container_command(p, p.head, ray=False), ["vllm", "serve"]),
+                       (torchrun_command(p, p.head), ["torchrun"])):
+        assert cmd.count("--entrypoint") == 1 and program(cmd, p.runtime.image)[:len(first)] == first
+    wrapped = p.model_copy(update={"runtime": p.runtime.model_copy(update={
+        "entrypoint": "/opt/nvidia/nvidia_entrypoint.sh", "docker_args": ["--cpus=8", "--pids-limit=4096"]})})
+    cmd = commands.container_command(wrapped, wrapped.head, ray=True)
+    image_at = cmd.index(wrapped.runtime.image)
+    assert cmd[image_at - 2:image_at] == ["--entrypoint", "/opt/nvidia/nvidia_entrypoint.sh"]
+    assert cmd[image_at + 1:image_at + 4] == ["ray", "start", "--block"]
+    assert cmd.index("--cpus=8") < image_at and cmd.index("--pids-limit=4096") < image_at
+
+
+def test_docker_args_that_sparkbook_sets_or_that_split_are_refused():
+    data = yaml.safe_load(PAIR.read_text())
+    data["runtime"].update(docker_args=["--network=none", "-v", "/a:/b", "--cpus=2"], entrypoint="--rm")
+    with pytest.raises(ParamsError) as e:
+        validate(data, "pair")
+    text = str(e.value)
+    assert "--network is set by sparkbook" in text and "'-v' (write each as one item" in text
+    assert "'/a:/b'" in text and "--cpus=2" not in text and "runtime.entrypoint" in text
 
 
 def test_odd_values_stay_one_argument_and_secrets_never_appear(monkeypatch):
@@ -135,6 +162,28 @@ def test_configured_options_are_checked_against_the_image():
     assert [c.check for c in failures(no_ray)] == ["Ray in the image"]
 
 
+def test_what_was_read_with_the_platform_stubbed_warns_but_never_fails():
+    """Options and architectures read with the platform stubbed (the engine did not import without
+    a GPU) may differ from the real platform's: a mismatch is a WARN that says so, never a FAIL."""
+    p = load(PAIR)
+    opts = configured_options(p)
+    why = "RuntimeError: Failed to infer device type"
+    info = ImageInfo("img", "sha256:1", vllm="0.17.0", ray="2.54.0", options=[o for o in opts if o != "--reasoning-parser"],
+                     architectures=["LlamaForCausalLM"], model_architectures=["Qwen3_5MoeForCausalLM"],
+                     stubbed={"options": why, "architectures": why})
+    checks = {c.check: c for c in image_checks(p, info, need_ray=True)}
+    assert not failures(checks.values())
+    for name in ("vllm serve options", "model architecture"):
+        assert checks[name].status == "WARN" and "platform stubbed" in checks[name].observed
+        assert why in checks[name].observed
+    fine = ImageInfo("img", "sha256:1", vllm="0.17.0", ray="2.54.0", options=opts,
+                     architectures=["Qwen3_5MoeForCausalLM"], model_architectures=["Qwen3_5MoeForCausalLM"],
+                     stubbed={"options": why})
+    assert {c.check: c.status for c in image_checks(p, fine)}["vllm serve options"] == "PASS"
+    rows = {r[0]: r[1] for r in image_table(fine).rows}
+    assert rows["options read with the platform stubbed"] == why
+
+
 # ------------------------------------------------------------- the node scripts, with a fake docker
 
 def fake_tools(tmp_path, monkeypatch, **tools):
@@ -156,9 +205,26 @@ def local_params(executor):
     return validate(data)
 
 
+@contextmanager
+def busy_and_idle():
+    """The PIDs of two real processes: one that has used 0.3 s of CPU, one that has used none."""
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nt = time.process_time()\n"
+                             "while time.process_time() - t < 0.3: pass\nprint('burnt', flush=True)\n"
+                             "time.sleep(30)"], stdout=subprocess.PIPE, text=True)
+    idle = subprocess.Popen(["sleep", "30"])
+    try:
+        assert busy.stdout.readline().strip() == "burnt"
+        yield busy.pid, idle.pid
+    finally:
+        for proc in (busy, idle):
+            proc.kill()
+            proc.wait()
+
+
 TAIL_DOCKER = """case "$1" in
   inspect) echo "$FAKE_STATE";;
   exec) [ -n "$FAKE_SERVE_UP" ];;
+  top) printf 'PID COMMAND\\n%s raylet --node-ip-address x\\n%s python3 vllm-like\\n' "$FAKE_RAYLET" "$FAKE_VLLM";;
   logs) echo "last line of the container";;
 esac
 """
@@ -170,14 +236,91 @@ esac
     ("ray", "exited 137 true", "", "exited with code 137, killed for memory (OOM)"),
     ("mp", "exited 143 false", "", "exited with code 143, killed by a signal"),
     ("mp", "running 0 false", "", "running")])
-def test_log_tails_tell_a_dead_server_from_a_live_one(tmp_path, monkeypatch, executor, docker_state, serve_up,
-                                                       expected):
+def test_progress_readings_tell_a_dead_server_from_a_live_one(tmp_path, monkeypatch, executor, docker_state,
+                                                              serve_up, expected):
     fake_tools(tmp_path, monkeypatch, docker=TAIL_DOCKER)
     monkeypatch.setenv("FAKE_STATE", docker_state)
     monkeypatch.setenv("FAKE_SERVE_UP", serve_up)
-    params = local_params(executor)
-    tails = deploy.log_tails(params, Cluster.from_params(params))
-    assert tails["this-machine"] == (expected, "" if executor == "ray" else "last line of the container")
+    # two real processes stand for Ray's raylet and a vLLM worker: only vLLM's CPU time counts (Ray)
+    with busy_and_idle() as (busy, idle):
+        monkeypatch.setenv("FAKE_RAYLET", str(busy if executor == "mp" else idle))
+        monkeypatch.setenv("FAKE_VLLM", str(idle if executor == "mp" else busy))
+        params = local_params(executor)
+        reading = startup.read_progress(params, Cluster.from_params(params))["this-machine"]
+    assert reading.status == expected
+    assert reading.cpu_s is not None and reading.cpu_s >= 0.25  # the busy one, whichever it plays
+    assert reading.tail == ([] if executor == "ray" else ["last line of the container"])
+    assert reading.dead == (expected not in ("running",))
+
+
+ENGINE_AND_WORKER_DOCKER = """case "$1" in
+  inspect) echo "running 0 false";;
+  top) printf 'PID COMMAND\\n%s VLLM::EngineCore\\n%s VLLM::Worker_TP0\\n' "$FAKE_ENGINE" "$FAKE_WORKER";;
+esac
+"""
+
+
+def test_only_the_workers_cpu_counts_where_vllm_names_them(tmp_path, monkeypatch):
+    """The engine polls while it waits for a hung rank: its CPU time is no progress."""
+    fake_tools(tmp_path, monkeypatch, docker=ENGINE_AND_WORKER_DOCKER)
+    with busy_and_idle() as (busy, idle):
+        monkeypatch.setenv("FAKE_ENGINE", str(busy))
+        monkeypatch.setenv("FAKE_WORKER", str(idle))
+        params = local_params("mp")
+        reading = startup.read_progress(params, Cluster.from_params(params))["this-machine"]
+    assert reading.status == "running" and reading.cpu_s is not None and reading.cpu_s < 0.1
+
+
+def test_start_up_phases_follow_a_real_spark_log():
+    lines = field_sample("vllm-ray-head-startup-1.txt").splitlines()
+    seen, phase = [], ""
+    for line in lines:
+        new = startup.phase_of([line], phase)
+        if new != phase:
+            seen.append(new)
+            phase = new
+    # the order vLLM 0.16 went through on a Spark pair, none skipped by a word in the config dump
+    assert seen == ["ray", "distributed init", "weights", "compile", "kv cache", "graph capture", "api"]
+    assert startup.phase_of(["(RayWorkerWrapper pid=1) INFO world_size=2 rank=1"], "kv cache") == "kv cache"
+
+
+def test_ray_workers_lines_in_the_heads_log_count_for_their_own_node():
+    """On a real Spark pair's head log, the worker's lines (ip=192.168.100.11) are spark-2's."""
+    p = load(PAIR)
+    lines = [ln for ln in field_sample("vllm-ray-head-startup-1.txt").splitlines() if ln.strip()]
+    readings = {"spark-1": startup.NodeProgress("running", 1.0, list(lines)),
+                "spark-2": startup.NodeProgress("running", 1.0, [])}
+    startup.attribute_ray_lines(p, readings)
+    worker, head = readings["spark-2"].tail, readings["spark-1"].tail
+    assert worker and all("ip=192.168.100.11" in ln for ln in worker)
+    assert not [ln for ln in head if "ip=192.168.100.11" in ln] and len(head) + len(worker) == len(lines)
+    assert startup.phase_of(worker) == "kv cache" and startup.phase_of(head) == "api"
+
+
+def test_a_stall_is_called_when_no_node_moves_naming_the_node_furthest_behind():
+    def reading(cpu, *tail):
+        return startup.NodeProgress("running", cpu, list(tail))
+    watch = startup.StallWatch(timeout=60)
+    assert watch.update({"a": reading(1.0, "world_size=2 rank=0"), "b": reading(1.0)}, now=0) is None
+    # b compiles silently (CPU only), a logs: no stall however long
+    for t in range(10, 200, 10):
+        assert watch.update({"a": reading(1.0, "world_size=2 rank=0", f"line {t}"),
+                             "b": reading(1.0 + t)}, now=t) is None
+    # b freezes at 190 (no CPU), a logs once more at 200 then waits on it: called 60 s after a's last move
+    assert watch.update({"a": reading(1.0, "Loading weights took 3 s"), "b": reading(190.0)}, now=200) is None
+    assert watch.update({"a": reading(1.0, "Loading weights took 3 s"), "b": reading(190.0)}, now=259) is None
+    stall = watch.update({"a": reading(1.01, "Loading weights took 3 s"), "b": reading(190.0)}, now=261)
+    assert stall is not None and stall.node == "b" and stall.quiet_s == pytest.approx(61)
+    assert stall.phase == "weights" and "disk" in stall.cause  # b's log is silent: the phase a reached
+    assert watch.phases == {"a": "weights", "b": ""}
+    # lines that only say vLLM waits (a placement group that never fits) are no progress
+    ray = startup.StallWatch(timeout=60)
+    waiting = "(EngineCore pid=1) INFO [ray_utils.py:467] Waiting for creating a placement group of specs for {} seconds."
+    assert ray.update({"a": reading(5.0, "No current placement group found.")}, now=0) is None
+    assert ray.update({"a": reading(5.0, "No current placement group found.", waiting.format(10))}, now=10) is None
+    stall = ray.update({"a": reading(5.0, "No current placement group found.", waiting.format(10),
+                                     waiting.format(30), waiting.format(70))}, now=70)
+    assert stall is not None and stall.phase == "ray" and "04_ray_cluster" in stall.cause
 
 
 def test_ray_containers_outlive_serving_changes_and_vllm_serve_carries_its_fingerprint(tmp_path, monkeypatch):
@@ -284,10 +427,18 @@ def test_teardown_keeps_the_logs_then_removes_every_container(tmp_path, monkeypa
 def test_the_serving_outcome_names_its_start_up_time_and_its_checks_the_cause():
     from sparkbook.serving.logs import Diagnosis
     p = load(PAIR)
-    ready = deploy.Deployment(action="started", ready=True, seconds=41.6, models=[p.served_model])
+    ready = deploy.Deployment(action="started", ready=True, seconds=41.6, models=[p.served_model],
+                              executor="ray", ray_workers={"spark-1": 1, "spark-2": 1})
     assert ready.key_numbers() == [("vLLM start-up", "ready in 42 s (started)")]
-    assert [(c.check, c.status) for c in serve_step.checks(p, ready)] == [("endpoint ready", "PASS"),
-                                                                          ("served model", "PASS")]
+    assert [(c.check, c.status) for c in serve_step.checks(p, ready)] == [
+        ("endpoint ready", "PASS"), ("served model", "PASS"), ("vLLM's Ray workers", "PASS")]
+    # vLLM that did not start its workers through Ray (a fallback): named, not passed
+    fell_back = deploy.Deployment(action="started", ready=True, models=[p.served_model], executor="ray",
+                                  ray_workers={"spark-1": 0, "spark-2": 0})
+    assert [(c.check, c.observed) for c in failures(serve_step.checks(p, fell_back))] == [
+        ("vLLM's Ray workers", "0 (spark-1: 0, spark-2: 0)")]
+    unlisted = deploy.Deployment(ready=True, models=[p.served_model], ray_workers_error="no state API")
+    assert serve_step.checks(p, unlisted)[-1].status == "WARN"
     killed = deploy.Deployment(action="restarted", seconds=90, stopped={"spark-2": "exited with code 137"},
                                diagnosis=[Diagnosis("spark-1", "out of memory", "CUDA out of memory", "lower", "x")])
     assert killed.key_numbers() == [("vLLM start-up", "not ready after 90 s (restarted)")]
@@ -297,7 +448,7 @@ def test_the_serving_outcome_names_its_start_up_time_and_its_checks_the_cause():
     assert json.loads(json.dumps(killed.to_json()))["diagnosis"][0]["cause"] == "out of memory"
     silent = deploy.Deployment(action="started", seen="not ready after 1800 s", logs={"spark-1": "logs/spark-1"})
     assert [c.check for c in serve_step.checks(p, silent)] == ["startup"]
-    assert serve_step.table(silent).rows[1] == ["ready", "no"]
+    assert serve_step.table(silent).rows[2] == ["ready", "no"]
 
 
 def test_signatures_on_real_vllm_logs():
@@ -313,120 +464,3 @@ def test_signatures_on_real_vllm_logs():
 
 
 # ------------------------------------------------------------------------------------- on the lab
-
-def _post(url, data, timeout=60):
-    req = urllib.request.Request(url, json.dumps(data).encode(), {"Content-Type": "application/json"})
-    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=timeout) as r:
-        return json.loads(r.read())
-
-
-def test_ray_cluster_then_tp2_serving_twice_then_teardown_leaves_nothing(lab, params, cluster, tmp_path):
-    summary = run(LAB, steps="03,04,05", out=tmp_path, report=False)
-    assert summary["status"] == "passed", summary
-    ray = json.loads((tmp_path / "verdicts" / "04_ray_cluster.json").read_text())
-    assert {(c["check"], c["node"]) for c in ray["checks"] if c["status"] == "PASS"} >= {
-        ("in the Ray cluster", "spark-1"), ("in the Ray cluster", "spark-2")}
-    assert json.loads((tmp_path / "serving.json").read_text())["action"] in ("started", "restarted")
-    chat = _post(f"{params.endpoint}/v1/chat/completions", {
-        "model": params.model.path, "max_tokens": 16, "messages": [{"role": "user", "content": "Hi"}],
-        "ignore_eos": True})
-    assert chat["usage"]["completion_tokens"] == 16
-    head_log = cluster.run(["docker", "logs", params.runtime.container_name], [params.head])["spark-1"]
-    assert "world_size=2" in head_log.stdout + head_log.stderr
-
-    again = tmp_path / "again"
-    assert run(LAB, steps="05", out=again, report=False)["status"] == "passed"
-    assert json.loads((again / "serving.json").read_text())["action"] == "kept"
-
-    # a newer build under the tag on the head, copied by 03: the deployment is not kept
-    image, head = params.runtime.image, lab.nodes()[0]
-    for node in lab.nodes():
-        docker(node, "tag", image, "sbk-test-keep:latest")
-    docker(head, "build", "-q", "-t", image, "-", input="FROM sbk-test-keep:latest\nLABEL x=2\n")
-    try:
-        newer = tmp_path / "newer"
-        assert run(LAB, steps="03,05", out=newer, report=False)["status"] == "passed"
-        assert json.loads((newer / "serving.json").read_text())["action"] == "restarted"
-        assert run(LAB, steps="08", out=tmp_path, report=False)["status"] == "passed"
-    finally:
-        for node in lab.nodes():
-            docker(node, "tag", "sbk-test-keep:latest", image)
-            docker(node, "rmi", "sbk-test-keep:latest", check=False)
-            docker(node, "image", "prune", "-f", check=False)
-    assert (tmp_path / "logs" / "spark-2" / "sparkbook-vllm.log").stat().st_size > 0
-    states = node_states(params, cluster)
-    assert all(not s.containers for s in states.values()), states
-    for s in states.values():
-        assert not [p for p in params.ports.model_dump().values() if listener(s.listeners, p)]
-
-
-def test_worker_killed_during_startup_fails_naming_it_with_both_logs(lab, params, cluster, tmp_path):
-    from sparkbook.distribution.image import ensure_image
-    ensure_image(params, cluster, say=lambda *_: None)
-    worker = lab.nodes()[1]
-    box = {}
-    t0 = time.monotonic()
-    serving = threading.Thread(target=lambda: box.update(dep=deploy.serve(params, cluster, tmp_path,
-                                                                          say=lambda *_: None)))
-    serving.start()
-    # killed once it runs and has said something: during start-up, not before it
-    while docker(worker, "inspect", "--format", "{{.State.Status}}", params.runtime.container_name,
-                 check=False).stdout.strip() != "running" and time.monotonic() - t0 < 60:
-        time.sleep(0.3)
-    while time.monotonic() - t0 < 120:
-        said = docker(worker, "logs", params.runtime.container_name, check=False)
-        if (said.stdout + said.stderr).strip():
-            break
-        time.sleep(1)
-    docker(worker, "kill", params.runtime.container_name)
-    serving.join(params.serving.startup_timeout + 60)
-    took = time.monotonic() - t0
-    dep = box["dep"]
-    assert not dep.ready and took < params.serving.startup_timeout
-    failed = {(c.check, c.node): c for c in failures(serve_step.checks(params, dep))}
-    assert "killed" in failed[("serving container", "spark-2")].observed
-    for node in ("spark-1", "spark-2"):
-        assert (tmp_path / "logs" / node / "sparkbook-vllm.log").stat().st_size > 0
-    assert all(not s.containers for s in node_states(params, cluster).values()), "left running"
-
-
-def test_busy_port_fails_before_any_container_starts(lab, params, cluster, tmp_path):
-    faults.apply(lab, "port-busy")
-    try:
-        dep = deploy.serve(params, cluster, tmp_path, say=lambda *_: None)
-        started = {n: s.containers for n, s in node_states(params, cluster).items()}
-    finally:
-        faults.heal(lab, "port-busy")
-    failed = failures(serve_step.checks(params, dep))
-    assert [(c.check, c.node) for c in failed] == [("port free", "spark-1")]
-    assert f"port {params.ports.api}" in failed[0].observed and failed[0].remedy
-    assert all(not c for c in started.values()), started
-
-
-def test_a_worker_without_the_heads_image_fails_before_anything_starts(lab, params, cluster, tmp_path):
-    from sparkbook.distribution.image import ensure_image
-    from sparkbook.errors import CheckFailed
-    ensure_image(params, cluster, say=lambda *_: None)
-    teardown(params, cluster, tmp_path)  # nothing serving that would be kept
-    worker, image = lab.nodes()[1], params.runtime.image
-    docker(worker, "tag", image, "sbk-test-keep:latest")  # the layers stay: restored by a tag
-    try:
-        seen = {}
-        docker(worker, "rmi", image)  # the tag only
-        with pytest.raises(CheckFailed) as absent:
-            deploy.serve(params, cluster, tmp_path, say=lambda *_: None)
-        seen["absent"] = {n: s.containers for n, s in node_states(params, cluster).items()}
-        # another image under the tag: the same layers, another ID
-        docker(worker, "build", "-q", "-t", image, "-", input="FROM sbk-test-keep:latest\nLABEL x=1\n")
-        with pytest.raises(CheckFailed) as other:
-            form_ray_cluster(params, cluster, tmp_path, say=lambda *_: None)
-        seen["other"] = {n: s.containers for n, s in node_states(params, cluster).items()}
-    finally:
-        docker(worker, "tag", "sbk-test-keep:latest", image)
-        docker(worker, "rmi", "sbk-test-keep:latest", check=False)
-        docker(worker, "image", "prune", "-f", check=False)
-    assert "- spark-2: the image is not there" in str(absent.value)
-    assert re.search(r"^- spark-2: holds [0-9a-f]{12} under the tag, the head [0-9a-f]{12}$", str(other.value), re.M)
-    for e in (absent, other):
-        assert "spark-1" not in str(e.value) and "remedy: run 03_distribute_image" in str(e.value)
-    assert all(not c for s in seen.values() for c in s.values()), seen

@@ -12,6 +12,7 @@ from fake_openai import FakeOpenAI
 from sparkbook import endpoint, notebook, smoke
 from sparkbook.errors import CheckFailed
 from sparkbook.params import validate
+from sparkbook.smoke_prompts import NO_THINKING, REASONING, THINKING, TOOL, TOOL_PROMPT
 from sparkbook.steps import smoke as step
 from sparkbook.verdict import FAIL, PASS, SKIP, WARN, Verdict
 
@@ -24,9 +25,13 @@ def check(server: FakeOpenAI, **kw) -> dict:
     return rows(smoke.run(server.url, "fake-model", timeout=5, **kw))
 
 
+def sent(server: FakeOpenAI, prompt: str) -> list[dict]:
+    return [b for b in server.requests if b["messages"][-1]["content"] == prompt]
+
+
 def test_healthy_server_passes_every_check_and_says_what_it_sent():
     with FakeOpenAI() as server:
-        outcome = smoke.run(server.url + "/v1/", "fake-model", timeout=5)
+        outcome = smoke.run(server.url + "/v1/", "fake-model", timeout=5, tool_call_parser="hermes")
     r = rows(outcome)
     v = Verdict(step.TITLE, step.checks(None, outcome))
     assert v.title == "smoke test" and v.status == PASS, v.to_text()
@@ -36,13 +41,16 @@ def test_healthy_server_passes_every_check_and_says_what_it_sent():
     assert all(c.node == "api" and c.command for n, c in r.items() if n != "reasoning")
     assert "stopped at 'e'" in r["stop"].observed
     assert "404" in r["unknown model"].observed
-    assert json.loads(r["tool call"].observed.removeprefix("get_weather(").removesuffix(")")) == \
-        {"city": "Paris", "unit": "celsius"}
+    for name in ("tool call (auto)", "tool call (required)"):
+        assert json.loads(r[name].observed.removeprefix("get_weather(").split(")")[0]) == \
+            {"city": "Paris", "unit": "celsius"}
+    assert "taken out by the hermes parser, finish tool_calls" in r["tool call (auto)"].observed
     stream = next(b for b in server.requests if b.get("stream"))
     assert stream["stream_options"] == {"include_usage": True}
-    tool = next(b for b in server.requests if "tools" in b)
-    assert tool["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
-    assert "chat_template_kwargs" not in tool  # only with a reasoning parser
+    auto, required = sent(server, TOOL_PROMPT)
+    assert auto["tool_choice"] == "auto" and required["tool_choice"] == "required"
+    assert auto["tools"] == required["tools"] == [TOOL] and auto["max_tokens"] == smoke.REASONING_BUDGET
+    assert "chat_template_kwargs" not in auto  # only with a reasoning parser
 
 
 def test_missing_usage_fails_the_chat_checks():
@@ -56,27 +64,107 @@ def test_missing_usage_fails_the_chat_checks():
 @pytest.mark.parametrize("fault, words", [("invalid-json", "not JSON"), ("schema-mismatch", "break the schema")])
 def test_bad_tool_arguments_fail(fault, words):
     with FakeOpenAI(tool_args=fault) as server:
+        r = check(server, tool_call_parser="hermes")
+    for name in ("tool call (auto)", "tool call (required)"):
+        assert r[name].status == FAIL and words in r[name].observed, r[name]
+
+
+def test_a_parser_that_is_not_the_models_fails_the_auto_call_only():
+    """The call the model writes stays in the text; guided decoding still answers `required`."""
+    with FakeOpenAI(tool_format="other") as server:
+        r = check(server, tool_call_parser="hermes")
+    auto = r["tool call (auto)"]
+    assert auto.status == FAIL and "wrote one as text: '[TOOL_CALLS]get_weather" in auto.observed
+    assert "'hermes' is not the model's (serving.tool_call_parser)" in auto.remedy
+    assert r["tool call (required)"].status == PASS
+
+
+def test_a_model_that_answers_without_calling_proves_nothing():
+    with FakeOpenAI(tool_format="none") as server:
+        auto = check(server, tool_call_parser="hermes")["tool call (auto)"]
+    assert auto.status == WARN and "without calling get_weather" in auto.observed
+    assert auto.remedy.startswith("not proven")
+
+
+@pytest.mark.parametrize("text, call", [
+    ('get_weather(city="Paris", unit="celsius")', True),
+    ('{"name": "get_weather", "arguments": {"city": "Paris"}}', True),
+    ('<tool_call>\n<function=get_weather>', True),
+    ("[TOOL_CALLS]", True),
+    ("I would use the get_weather tool (it needs a city), but I cannot.", False),
+    ("It is sunny in Paris.", False),
+])
+def test_written_call(text, call):
+    assert smoke.written_call(text) is call
+
+
+def test_a_call_without_finish_reason_tool_calls_fails():
+    with FakeOpenAI(tool_finish="stop") as server:
+        auto = check(server, tool_call_parser="hermes")["tool call (auto)"]
+    assert auto.status == FAIL and "finish stop, not tool_calls" in auto.observed
+
+
+def test_without_a_tool_call_parser_auto_is_skipped_and_a_refused_required_fails():
+    with FakeOpenAI(tool_parser=False) as server:
         r = check(server)
-    assert r["tool call"].status == FAIL and words in r["tool call"].observed, r["tool call"]
+    assert r["tool call (auto)"].status == SKIP and "serving.tool_call_parser" in r["tool call (auto)"].observed
+    required = r["tool call (required)"]
+    assert required.status == FAIL and "HTTP 400" in required.observed and "--tool-call-parser" in required.observed
+    assert [b["tool_choice"] for b in server.requests if "tools" in b] == ["required"]
 
 
 @pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
-def test_reasoning_apart_from_the_answer_passes_under_either_field_name(field):
-    with FakeOpenAI(reasoning_field=field) as server:
-        r = check(server, reasoning_parser="qwen3")
-        tool = next(b for b in server.requests if "tools" in b)
-    assert r["reasoning"].status == PASS, r["reasoning"]
-    assert r["chat completion"].status == PASS and r["streamed chat"].status == PASS
-    assert tool["chat_template_kwargs"] == {"enable_thinking": False}
+def test_a_thinking_model_passes_under_either_field_name(field):
+    with FakeOpenAI(thinks=6, reasoning_field=field) as server:
+        r = check(server, reasoning_parser="qwen3", tool_call_parser="hermes")
+        reasoning, = sent(server, REASONING)
+        tools = sent(server, TOOL_PROMPT)
+    assert r["reasoning"].status == PASS and r["reasoning"].observed.startswith("apart: reasoning"), r["reasoning"]
+    assert {c.status for c in r.values()} == {PASS}, [c for c in r.values() if c.status != PASS]
+    assert reasoning["stream"] and reasoning["max_tokens"] == smoke.REASONING_BUDGET
+    assert reasoning["chat_template_kwargs"] == THINKING
+    assert [b["chat_template_kwargs"] for b in tools] == [NO_THINKING, NO_THINKING]  # the calls come at once
 
 
-def test_reasoning_markup_left_in_the_answer_fails_and_no_reasoning_is_inconclusive():
-    with FakeOpenAI(leak_think=True) as server:
+def test_reasoning_markup_left_in_the_answer_fails():
+    with FakeOpenAI(thinks=6) as server:  # a thinking model served without the parser
         leaked = check(server, reasoning_parser="qwen3")["reasoning"]
-    with FakeOpenAI() as server:
+    assert leaked.status == FAIL and "markup left in the answer" in leaked.observed
+    assert "answer '<think>" in leaked.observed and "'qwen3' is not the model's" in leaked.remedy
+
+
+@pytest.mark.parametrize("field", ["reasoning", None])  # a parser that keeps unclosed reasoning apart, or not
+def test_reasoning_that_does_not_close_within_the_budget_is_inconclusive(field):
+    with FakeOpenAI(thinks=100, reasoning_field=field) as server:
+        short = check(server, reasoning_parser="qwen3", reasoning_budget=32)
+        enough = check(server, reasoning_parser="qwen3")
+    assert short["reasoning"].status == WARN and "did not close within max_tokens 32" in short["reasoning"].observed
+    assert short["reasoning"].remedy.startswith("inconclusive") and "reasoning_budget" in short["reasoning"].remedy
+    assert enough["reasoning"].status == (PASS if field else FAIL)
+
+
+def test_no_reasoning_or_nothing_but_reasoning_fails():
+    with FakeOpenAI(reasoning_field="reasoning") as server:  # the model does not think
         none = check(server, reasoning_parser="qwen3")["reasoning"]
-    assert leaked.status == FAIL and "<think>" in leaked.observed
-    assert none.status == WARN and "inconclusive" in none.remedy
+    with FakeOpenAI(thinks=6, closes_thinking=False, reasoning_field="reasoning") as server:
+        only = check(server, reasoning_parser="qwen3")["reasoning"]
+    assert none.status == FAIL and "no reasoning, only an answer" in none.observed
+    assert only.status == FAIL and "whole output came back as reasoning" in only.observed
+
+
+@pytest.mark.parametrize("thinks", [100, 0])
+def test_a_tool_call_that_max_tokens_cuts_is_inconclusive(thinks):
+    """Crowded out by thinking (without a reasoning parser no request turns thinking off), or cut
+    while the model writes it: no parser can take out an unfinished call."""
+    with FakeOpenAI(thinks=thinks) as server:
+        auto = check(server, tool_call_parser="hermes", reasoning_budget=8)["tool call (auto)"]
+    assert auto.status == WARN and "no tool call within max_tokens 8" in auto.observed
+    assert ("<tool_call>" in auto.observed) is (thinks == 0)
+
+
+def test_judge_reasoning_of_an_empty_answer():
+    assert smoke.judge_reasoning("", "", "stop", 64, "qwen3")[0] == FAIL
+    assert smoke.judge_reasoning("thinking", "", "length", 64, "qwen3")[0] == WARN
 
 
 def test_ignored_max_tokens_and_stop_fail():
@@ -108,7 +196,7 @@ def test_unreachable_server_fails_once_and_skips_the_rest():
 
 
 def test_schema_errors():
-    schema = smoke.TOOL["function"]["parameters"]
+    schema = TOOL["function"]["parameters"]
     assert smoke.schema_errors({"city": "Paris", "unit": "celsius"}, schema) == []
     assert smoke.schema_errors({"city": "Rome", "unit": "celsius"}, schema)
     assert smoke.schema_errors({"city": "Paris"}, schema) == ["'unit' is a required property"]
@@ -127,17 +215,21 @@ def context(tmp_path, url: str, **serving) -> notebook.Context:
 
 def test_the_step_runs_and_concludes_with_the_parameters_of_serving(tmp_path):
     """The notebook's cells: ctx.run(), step.table, ctx.conclude."""
-    with FakeOpenAI(reasoning_field="reasoning") as server:
-        ctx = context(tmp_path, server.url, reasoning_parser="qwen3")
-        outcome = ctx.run(timeout=5)
+    with FakeOpenAI(thinks=4, reasoning_field="reasoning") as server:
+        ctx = context(tmp_path, server.url, reasoning_parser="qwen3", tool_call_parser="hermes")
+        outcome = ctx.run(timeout=5, reasoning_budget=512)
     table = step.table(outcome)
-    assert "POST /v1/chat/completions: stop ['e'], max_tokens 64" in [row[1] for row in table.rows]
+    requests = [row[1] for row in table.rows]
+    assert "POST /v1/chat/completions: stop ['e'], max_tokens 64" in requests
+    assert "POST /v1/chat/completions: tools [get_weather], tool_choice auto, max_tokens 512, thinking off" \
+        in requests
     verdict = ctx.verdict(outcome)
     ctx.conclude(outcome)
     assert verdict.title == "smoke test" and verdict.status == PASS, verdict.to_text()
-    assert rows(outcome)["reasoning"].status == PASS  # the serving parameters' reasoning parser
+    r = rows(outcome)  # the serving parameters' parsers
+    assert r["reasoning"].status == PASS and r["tool call (auto)"].status == PASS
     saved = json.loads((tmp_path / "verdicts" / "06_smoke_test.json").read_text())
-    assert len(saved["checks"]) == 8 and saved["key_numbers"] == []
+    assert len(saved["checks"]) == 9 and saved["key_numbers"] == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["verdicts"]  # no file of its own, as before
 
 

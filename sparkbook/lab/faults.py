@@ -10,17 +10,21 @@ Spark; `heal` undoes it. Applied faults are kept in lab.json.
 - image-drift  a different image under the configured tag on the node
 - model-drift  a changed model file (config.json) on the node
 - slow-link    the node's fabric rails rate-limited (tbf; this kernel has no netem)
+- stall        vLLM's processes on the node frozen (SIGSTOP), as a rank hung in NCCL looks: apply
+               it once vLLM starts (05); Ray's own daemons keep running
 """
 
 from __future__ import annotations
 
 import io
 import json
+import re
 import shlex
 import tarfile
 import time
 from pathlib import Path
 
+from ..serving.commands import RAY_CONTAINER
 from .lab import Lab
 from .nodes import FABRIC_MTU, FABRIC_NS, FAULTS, MGMT_IF, PREFIX, RAILS, LabError, LabNode, docker, sh
 
@@ -98,6 +102,11 @@ def apply(lab: Lab, kind: str, node: str | None = None, port: int | None = None,
         data["sparkbook_lab_drift"] = time.time()
         cfg.write_text(json.dumps(data, indent=2))
         rec["file"], rec["backup"] = str(cfg), str(backup)
+    elif kind == "stall":
+        rec["pids"] = _vllm_pids(target, params.runtime.container_name)
+        if not rec["pids"]:
+            raise LabError(f"{target.name}: no vLLM process to freeze (apply `stall` once 05 has started vLLM)")
+        lab.node_sh(target, shlex.join(["kill", "-STOP", *map(str, rec["pids"])]))
     elif kind == "slow-link":
         rec["rate"] = rate
         for r, ifname in enumerate(RAIL_NAMES):
@@ -157,6 +166,25 @@ def _undo(lab: Lab, rec: dict) -> None:
         for r, ifname in enumerate(RAIL_NAMES):
             for where, dev in ((ns, ifname), (FABRIC_NS, f"{PREFIX}{node.index}r{r}")):
                 sh("ip", "netns", "exec", where, "tc", "qdisc", "del", "dev", dev, "root", check=False)
+    elif kind == "stall":  # those that still exist (05 may have removed their container)
+        lab.node_sh(node, shlex.join(["kill", "-CONT", *map(str, rec["pids"])]) + " 2>/dev/null", check=False)
+
+
+# Ray's own processes in the Ray container: not vLLM's, and the cluster must stay up.
+RAY_OWN = re.compile(r"raylet|gcs_server|dashboard|log_monitor|monitor\.py|runtime_env|ray start|ray::IDLE")
+
+
+def _vllm_pids(node: LabNode, serve_container: str) -> list[int]:
+    """vLLM's processes on ``node`` (PIDs of its PID namespace): every process of the mp serving
+    container, and those of the Ray container that are not Ray's own."""
+    pids = []
+    for container in (serve_container, RAY_CONTAINER):
+        r = docker(node, "top", container, "-eo", "pid,args", check=False)
+        for line in r.stdout.splitlines()[1:] if r.returncode == 0 else []:
+            pid, _, args = line.strip().partition(" ")
+            if container == serve_container or not RAY_OWN.search(args):
+                pids.append(int(pid))
+    return pids
 
 
 def _is_up(ns: str, ifname: str) -> bool:

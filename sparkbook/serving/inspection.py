@@ -36,6 +36,9 @@ class ImageInfo:
     architectures: list[str] = field(default_factory=list)
     model_architectures: list[str] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)  # what could not be read -> why
+    # what was read only with the platform stubbed (the engine would not import without a GPU)
+    # -> the error that made it necessary
+    stubbed: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
 
 
@@ -67,7 +70,7 @@ def inspect_image(params: Params, cluster: Cluster, run_dir: Path | None = None)
         return info
     data = json.loads(found.group(1))
     for k in ("vllm", "ray", "torch", "transformers", "options", "options_from", "architectures",
-              "model_architectures"):
+              "model_architectures", "stubbed"):
         if data.get(k) is not None:
             setattr(info, k, data[k])
     info.errors.update({k[:-len("_error")]: v for k, v in data.items() if k.endswith("_error")})
@@ -120,20 +123,29 @@ def _options_check(params: Params, info: ImageInfo) -> Check:
     known = set(info.options)
     configured = configured_options(params)
     unknown = [o for o in configured if o not in known and o.replace("_", "-") not in known]
-    return Check("vllm serve options", head, FAIL if unknown else PASS,
-                 f"unknown to vLLM {info.vllm}: {', '.join(unknown)}" if unknown else
-                 f"{len(configured)} options, all known", "options this vLLM accepts",
+    stub = info.stubbed.get("options")
+    return Check("vllm serve options", head, (WARN if stub else FAIL) if unknown else PASS,
+                 (f"unknown to vLLM {info.vllm}: {', '.join(unknown)}" if unknown else
+                  f"{len(configured)} options, all known") + _stub_note(stub),
+                 "options this vLLM accepts",
                  "remove or rename them in serving.extra_args / the serving parameters (`vllm serve "
                  "--help=all` in the image lists them), or use a vLLM that has them" if unknown else "")
+
+
+def _stub_note(error: str | None) -> str:
+    """What a check read with the platform stubbed says (a WARN, never a FAIL, when it finds a
+    problem: the real platform may differ)."""
+    return f" (read with the platform stubbed: the engine did not import here: {error})" if error else ""
 
 
 def _architecture_check(params: Params, info: ImageInfo) -> Check:
     head = params.head.name
     if info.model_architectures and info.architectures:
         missing = [a for a in info.model_architectures if a not in info.architectures]
-        return Check("model architecture", head, FAIL if missing else PASS,
-                     f"{', '.join(missing)} not supported by vLLM {info.vllm}" if missing else
-                     ", ".join(info.model_architectures), "supported by this vLLM",
+        stub = info.stubbed.get("architectures")
+        return Check("model architecture", head, (WARN if stub else FAIL) if missing else PASS,
+                     (f"{', '.join(missing)} not supported by vLLM {info.vllm}" if missing else
+                      ", ".join(info.model_architectures)) + _stub_note(stub), "supported by this vLLM",
                      "use a vLLM image that supports the model (a newer one, or the model's own "
                      "image)" if missing else "")
     if "model" in info.errors:
@@ -150,4 +162,6 @@ def image_table(info: ImageInfo) -> Table:
             ["serve options", f"{len(info.options)} (from {info.options_from})"],
             ["supported architectures", len(info.architectures)],
             ["model architectures", ", ".join(info.model_architectures)]]
+    rows += [[f"{k} read with the platform stubbed", why] for k, why in info.stubbed.items()]
+    rows += [[f"not read: {k}", why] for k, why in info.errors.items()]
     return Table(["", "value"], rows, title="the serving image")

@@ -27,6 +27,11 @@ class RayNode(TypedDict):
     resources: dict[str, float]  # CPU, GPU, object_store_memory...
 
 
+class RayActor(TypedDict):
+    cls: str   # the actor's class: vLLM's Ray workers are RayWorkerProc (its newer Ray executor)
+    node: str  # or RayWorkerWrapper (the compiled-graph one, vLLM 0.17's)
+
+
 @dataclass
 class RayCluster(Outcome):
     """The Ray cluster as the head's Ray sees it (04's outcome, kept only in memory)."""
@@ -35,6 +40,16 @@ class RayCluster(Outcome):
     status_text: str = ""  # `ray status`
     seconds: float = 0.0
     error: str | None = None
+    actors: list[RayActor] = field(default_factory=list)  # live actors, by node name
+    actors_error: str | None = None  # why they could not be listed
+
+    def vllm_workers(self) -> dict[str, int]:
+        """vLLM's Ray worker actors per node (every node of the cluster, 0 where it has none)."""
+        out = {name: 0 for name in self.nodes}
+        for a in self.actors:
+            if "Worker" in a["cls"]:
+                out[a["node"]] = out.get(a["node"], 0) + 1
+        return out
 
 
 def ray_nodes(params: Params, cluster: Cluster) -> RayCluster:
@@ -51,6 +66,12 @@ def ray_nodes(params: Params, cluster: Cluster) -> RayCluster:
         if rec["alive"] and rec["ip"] in by_ip:
             out.nodes[by_ip[rec["ip"]]] = rec
     out.missing = [n.name for n in params.nodes if n.name not in out.nodes]
+    actors = re.search(r"^RAYACTORS (.*)$", r.stdout, re.M)
+    if actors:
+        out.actors = [{"cls": a["class"], "node": by_ip.get(a["ip"], a["ip"])} for a in json.loads(actors.group(1))]
+    else:
+        why = re.search(r"^RAYACTORS-ERROR (.*)$", r.stdout, re.M)
+        out.actors_error = why.group(1) if why else "no answer from Ray's state API"
     return out
 
 

@@ -10,7 +10,7 @@ from ..params import Params
 from ..serving.commands import serving_container
 from ..serving.deploy import Deployment, serve
 from ..tables import Table
-from ..verdict import FAIL, PASS, Check
+from ..verdict import FAIL, PASS, WARN, Check
 
 if TYPE_CHECKING:
     from ..notebook import Context
@@ -26,11 +26,34 @@ def run(ctx: Context) -> Deployment:
 
 def table(outcome: Deployment) -> Table:
     d = outcome
-    rows = [["action", d.action], ["ready", "yes" if d.ready else "no"],
+    rows = [["action", d.action], ["executor", d.executor], ["ready", "yes" if d.ready else "no"],
             ["served models", ", ".join(d.models) or "none"], ["seconds", f"{d.seconds:.0f}"],
             ["last seen", d.seen]]
     rows += [[f"container on {node}", how] for node, how in d.stopped.items()]
+    rows += [[f"vLLM Ray workers on {node}", k] for node, k in d.ray_workers.items()]
+    rows += [[f"start-up phase on {node}", phase or "not begun"] for node, phase in d.phases.items()
+             if not d.ready]
     return Table(["", "value"], rows, title="vLLM serving")
+
+
+def ray_worker_checks(params: Params, dep: Deployment) -> list[Check]:
+    """With the Ray executor: vLLM's workers are Ray actors, tensor × pipeline parallel of them, on
+    the serving nodes (a vLLM that silently fell back to another executor has none)."""
+    if params.serving.executor != "ray":
+        return []
+    head, want = params.head.name, params.serving.tensor_parallel_size * params.serving.pipeline_parallel_size
+    if dep.ray_workers_error:
+        return [Check("vLLM's Ray workers", head, WARN, f"Ray's actors could not be listed: "
+                      f"{dep.ray_workers_error}", f"{want} worker actor(s)",
+                      "the image's Ray lacks its state API (ray[default]); `ray list actors` in the "
+                      "head's Ray container shows them", "docker exec sparkbook-ray ray list actors")]
+    got = sum(dep.ray_workers.values())
+    where = ", ".join(f"{n}: {k}" for n, k in dep.ray_workers.items())
+    return [Check("vLLM's Ray workers", head, PASS if got == want else FAIL, f"{got} ({where})",
+                  f"{want} worker actor(s) (tensor × pipeline parallel)",
+                  "" if got == want else "vLLM did not start its workers through Ray: read "
+                  "logs/<node>/vllm-serve.log for the executor it chose",
+                  "docker exec sparkbook-ray ray list actors")]
 
 
 def checks(params: Params, outcome: Deployment) -> list[Check]:
@@ -43,7 +66,8 @@ def checks(params: Params, outcome: Deployment) -> list[Check]:
         return [Check("endpoint ready", head, PASS, f"{params.endpoint}: {', '.join(dep.models)} "
                       f"({dep.action}, {dep.seconds:.0f} s)", "/health and /v1/models answer"),
                 Check("served model", head, PASS if want in dep.models else FAIL, ", ".join(dep.models), want,
-                      "" if want in dep.models else "check serving.served_model_name")]
+                      "" if want in dep.models else "check serving.served_model_name"),
+                *ray_worker_checks(params, dep)]
     out = []
     for node, how in dep.stopped.items():
         killed = "137" in how or "143" in how or "OOM" in how
@@ -52,10 +76,18 @@ def checks(params: Params, outcome: Deployment) -> list[Check]:
                              ": it was killed (`docker kill`, or the kernel's OOM killer: lower "
                              "serving.gpu_memory_utilization)" if killed else ""),
                          f"docker logs {container}"))
+    if dep.stall:
+        st = dep.stall
+        out.append(Check("startup progress", st.node, FAIL,
+                         f"stalled in phase '{st.phase or 'start'}': no new log line and no CPU used by "
+                         f"vLLM on any node for {st.quiet_s:.0f} s; {st.node} is furthest behind"
+                         + (f" (last line: {st.last_line[-160:]})" if st.last_line else ""),
+                         f"progress within serving.stall_timeout ({params.serving.stall_timeout:.0f} s)",
+                         st.cause, f"logs: {dep.logs.get(st.node, 'logs/' + st.node)}"))
     for d in dep.diagnosis:
         out.append(Check("startup", d.node, FAIL, f"{d.cause}: {d.evidence}", "vLLM ready", d.remedy,
                          f"logs: {d.logs}"))
-    if not (dep.diagnosis or dep.stopped):
+    if not (dep.diagnosis or dep.stopped or dep.stall):
         out.append(Check("startup", head, FAIL, f"{dep.seen}; no known failure in the logs", "vLLM ready",
                          "read the logs in the run folder (logs/<node>/); raise serving.startup_timeout if "
                          "the model was still loading", f"logs: {', '.join(dep.logs.values())}"))

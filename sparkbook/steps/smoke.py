@@ -19,8 +19,9 @@ TITLE = "smoke test"
 
 
 def run(ctx: Context, **kw: Any) -> SmokeTest:
-    """Every smoke check against ``params.endpoint`` (``kw``: the options of
-    :func:`sparkbook.smoke.run`, e.g. ``timeout``)."""
+    """Every smoke check against ``params.endpoint``, with the serving parameters' reasoning and
+    tool-call parsers (``kw``: the options of :func:`sparkbook.smoke.run`, e.g. ``timeout``, or
+    ``reasoning_budget`` for a model that thinks at length)."""
     p = ctx.params
     return smoke.run(p.endpoint, p.served_model, reasoning_parser=p.serving.reasoning_parser,
                      tool_call_parser=p.serving.tool_call_parser, **kw)

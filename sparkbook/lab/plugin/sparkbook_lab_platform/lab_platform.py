@@ -1,0 +1,15 @@
+"""The lab's vLLM platform (see the package's docstring). It imports nothing of vLLM but the CPU
+platform: vLLM imports this module while it resolves its current platform, so a module that needs
+``vllm.platforms.current_platform`` (the communicator's) is named here, not imported."""
+
+from __future__ import annotations
+
+from vllm.platforms.cpu import CpuPlatform
+
+
+class LabCpuPlatform(CpuPlatform):
+    ray_device_key: str = "GPU"
+
+    @classmethod
+    def get_device_communicator_cls(cls) -> str:
+        return f"{__package__}.lab_communicator.HostLocalCpuCommunicator"

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# What 05's wait reads from one node, every few seconds: the serving container's state, the CPU
+# time used so far by vLLM's processes in it, and the last lines of vLLM's log.
+#   line 1     STATUS EXIT_CODE OOM_KILLED ("absent" without such a container; "serve-exited" on
+#              the Ray head when the Ray container runs but vllm serve in it does not)
+#   @@ cpu     CPU seconds (user + system) of vLLM's workers in the container: the processes that
+#              load the weights, compile and run the model (VLLM::Worker*, Ray's RayWorker actors).
+#              The API server and the engine poll while they wait, so their CPU is no progress.
+#              Without such processes (an older vLLM): all but Ray's own daemons and idle workers
+#   @@ tail    the last LINES lines of vllm serve's log (LOG, Ray head) or of the container's
+# Usage: serving_progress.sh CONTAINER mp LINES
+#        serving_progress.sh CONTAINER ray-worker LINES
+#        serving_progress.sh CONTAINER ray-head LINES PATTERN LOG
+#   e.g. serving_progress.sh sparkbook-ray ray-head 40 '[v]llm serve' /tmp/sparkbook/logs/vllm-serve.log
+set -euo pipefail
+container=$1 mode=$2 lines=$3
+# Live processes of the container matching a pattern (zombies left to a PID 1 that does not reap
+# them hold nothing); pgrep without --runstates where it is older than procps-ng 3.3.16.
+alive() {
+  local rc=0
+  docker exec "$container" pgrep -r D,R,S,T,t,W,I -f "$1" >/dev/null 2>&1 || rc=$?
+  if [ "$rc" -eq 2 ]; then
+    docker exec "$container" pgrep -f "$1" >/dev/null 2>&1 || rc=$?
+  fi
+  return "$rc"
+}
+state=$(docker inspect --format '{{.State.Status}} {{.State.ExitCode}} {{.State.OOMKilled}}' \
+  -- "$container" 2>/dev/null) || state=absent
+if [ "$mode" = ray-head ]; then
+  pattern=$4
+  case $state in
+    running*) alive "$pattern" || state=serve-exited ;;
+  esac
+fi
+echo "$state"
+
+workers='VLLM::Worker|RayWorker'
+# Ray's own processes (and sparkbook's probes) are not vLLM's work: they tick while vLLM hangs.
+ray_own='raylet|gcs_server|dashboard|log_monitor|monitor\.py|runtime_env|ray start|ray::IDLE|ray status|pgrep'
+ticks=0 worker_ticks=0 seen_workers=0
+if [ "${state%% *}" != absent ]; then
+  while read -r pid args; do
+    if [ "$mode" != mp ] && [[ $args =~ $ray_own ]]; then
+      continue
+    fi
+    stat=$(cat "/proc/$pid/stat" 2>/dev/null) || continue
+    read -r -a f <<< "${stat##*) }"
+    ticks=$((ticks + f[11] + f[12]))
+    if [[ $args =~ $workers ]]; then
+      seen_workers=1 worker_ticks=$((worker_ticks + f[11] + f[12]))
+    fi
+  done < <(docker top "$container" -eo pid,args 2>/dev/null | tail -n +2 || true)
+fi
+if [ "$seen_workers" = 1 ]; then
+  ticks=$worker_ticks
+fi
+echo '@@ cpu'
+awk -v t="$ticks" -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "%.2f\n", t / hz }'
+
+echo '@@ tail'
+if [ "$mode" = ray-head ]; then
+  tail -n "$lines" -- "$5" 2>/dev/null || true
+else
+  docker logs --tail "$lines" "$container" 2>&1 || true
+fi

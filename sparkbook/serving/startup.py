@@ -1,0 +1,195 @@
+"""vLLM's start-up as 05 watches it on every node: the container's state, the phase its log has
+reached, and whether it still makes progress.
+
+A start-up that hangs (the reference deployment's NCCL initialisation hang) must be called in
+minutes, not at the 40-minute start-up limit. A node makes progress while its log grows or vLLM's
+workers on it use CPU (a long silent compile is work, not a stall; the API server and the engine
+poll while they wait, so theirs is not counted); when no node has made progress for
+``serving.stall_timeout``, the start-up has stalled, in the phase the logs last reached.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+
+from ..params import Params
+from ..parsers import parse_sections
+from ..remote import Cluster, script
+from .commands import RAY_CONTAINER, SERVE_LOG, SERVE_PATTERN, serving_container
+
+TAIL_LINES = 40
+# CPU seconds per second of wall time above which vLLM's processes count as working: an idle
+# Python process polling its sockets stays well below it, a compile or a weight load far above.
+BUSY_CPU = 0.05
+
+# The phases of a vLLM start-up, in order, each recognised by the log lines that begin it (vLLM
+# 0.1x's wording, and that of vLLM for CPU in the lab), with the likely cause of a hang in it.
+PHASES: list[tuple[str, str, str]] = [
+    ("ray", r"placement group|Connecting to existing Ray cluster|RayWorkerProc|RayWorkerWrapper",
+     "Ray could not place the workers: every node must be in the Ray cluster with its GPU "
+     "(04_ray_cluster); `ray status` shows pending resources"),
+    ("distributed init", r"world_size=\d+|init_process_group|NCCL version|distributed_init_method=",
+     "the ranks cannot finish the NCCL/gloo initialisation: the fabric between the nodes (02_collectives, "
+     "NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME on the rails, MTU, a firewall) or a node that stopped"),
+    ("weights", r"Loading weights|Loading safetensors|Starting to load model|Loading model weights",
+     "loading the weights stopped: a slow or hung disk or network file system, or memory pressure "
+     "(on GB10 the page cache competes with the GPU: drop caches)"),
+    ("compile", r"torch\.compile takes|Compiling a graph|Dynamo bytecode transform|compiled graph",
+     "torch.compile stopped: add --enforce-eager to serving.extra_args, or clear the compile cache"),
+    ("kv cache", r"Memory profiling|determine_available_memory|Available KV cache memory|KV cache size|"
+     r"num_gpu_blocks",
+     "memory profiling or the KV cache allocation hangs: lower serving.gpu_memory_utilization; a "
+     "node that stopped responding in a collective (02_collectives)"),
+    ("graph capture", r"Capturing CUDA graph|Capturing cudagraph|Graph capturing",
+     "CUDA graph capture hangs: add --enforce-eager to serving.extra_args"),
+    ("api", r"Starting vLLM API server|Uvicorn running|Application startup complete|Available routes",
+     "the API server started but does not answer: a port or address problem (ports.api, a firewall "
+     "between this machine and the head)"),
+]
+# Lines that say vLLM is waiting, not working: they repeat while a start-up hangs (a placement
+# group that never fits, a rank that stopped), so they are no progress.
+WAITING = re.compile(r"Waiting for creating a placement group|No available shared memory broadcast block|"
+                     r"[Ss]till waiting|[Ww]aiting for .* (to|be) (start|ready|join|finish)")
+
+_PHASE_RES = [(name, re.compile(pattern, re.I)) for name, pattern, _ in PHASES]
+START_CAUSE = ("vLLM started but its log says nothing yet: the image's entrypoint or the command "
+               "(serving.extra_args), or a node that cannot start Python at all")
+
+
+def phase_of(lines: list[str], current: str = "") -> str:
+    """The latest phase ``lines`` reach (phases never go back: ``current`` is kept otherwise)."""
+    order = [name for name, _ in _PHASE_RES]
+    best = order.index(current) if current in order else -1
+    for line in lines:
+        for i, (_, rx) in enumerate(_PHASE_RES):
+            if i > best and rx.search(line):
+                best = i
+    return order[best] if best >= 0 else current
+
+
+def likely_cause(phase: str) -> str:
+    return next((cause for name, _, cause in PHASES if name == phase), START_CAUSE)
+
+
+@dataclass
+class NodeProgress:
+    """One reading of one node."""
+    status: str            # "running", "exited with code 137, killed for memory (OOM)", "serve-exited"...
+    cpu_s: float | None    # CPU seconds of vLLM's processes so far (None: not read)
+    tail: list[str]        # the log's last lines
+
+    @property
+    def last_line(self) -> str:
+        return self.tail[-1] if self.tail else ""
+
+    @property
+    def dead(self) -> bool:
+        return not self.status.startswith(("running", "?"))
+
+
+def read_progress(params: Params, cluster: Cluster) -> dict[str, NodeProgress]:
+    """Every node's reading, in one round trip per node: with Ray, the head's vllm serve and every
+    node's Ray container (which holds vLLM's Ray workers); with mp, every serving container."""
+    name = serving_container(params)
+
+    def cmd(node):
+        if params.serving.executor != "ray":
+            return script("serving_progress.sh", name, "mp", TAIL_LINES)
+        if node.role == "head":
+            return script("serving_progress.sh", RAY_CONTAINER, "ray-head", TAIL_LINES, SERVE_PATTERN, SERVE_LOG)
+        return script("serving_progress.sh", RAY_CONTAINER, "ray-worker", TAIL_LINES)
+
+    out = {}
+    for n, r in cluster.run(cmd, params.nodes, timeout=30).items():
+        first, _, rest = r.stdout.partition("\n")
+        sections = parse_sections(rest)
+        try:
+            cpu = float(sections.get("cpu", "").strip())
+        except ValueError:
+            cpu = None
+        tail = [ln for ln in sections.get("tail", "").splitlines() if ln.strip()]
+        out[n] = NodeProgress(describe_state(first if r.stdout else "?"), cpu, tail)
+    if params.serving.executor == "ray":
+        attribute_ray_lines(params, out)
+    return out
+
+
+_RAY_IP = re.compile(r"\((?:\w+ )?pid=\d+, ip=([0-9a-fA-F.:]+)\)")
+
+
+def attribute_ray_lines(params: Params, readings: dict[str, NodeProgress]) -> None:
+    """vllm serve's log on the head holds every Ray worker's lines, prefixed
+    ``(RayWorkerProc pid=437, ip=10.77.1.12)``: each goes to the node of that address, so that
+    every node's phase and progress are its own."""
+    head = readings.get(params.head.name)
+    if head is None:
+        return
+    by_ip = {n.fabric_address: n.name for n in params.nodes}
+    own = []
+    for line in head.tail:
+        found = _RAY_IP.search(line)
+        node = by_ip.get(found.group(1)) if found else None
+        if node and node != params.head.name and node in readings:
+            readings[node].tail.append(line)
+        else:
+            own.append(line)
+    head.tail = own
+
+
+def describe_state(line: str) -> str:
+    """``docker inspect``'s "STATUS EXIT_CODE OOM_KILLED" in words."""
+    words = line.split()
+    status = words[0] if words else "?"
+    if status not in ("running", "?", "absent") and len(words) >= 3:
+        code, oom = words[1], words[2] == "true"
+        status += f" with code {code}" + (", killed for memory (OOM)" if oom else
+                                          ", killed by a signal" if code in ("137", "143") else "")
+    return status
+
+
+@dataclass
+class Stall:
+    node: str        # the node furthest behind (or, among equals, the first to go quiet)
+    phase: str       # the phase its log had reached ("" before the first)
+    quiet_s: float   # how long no node made progress
+    last_line: str
+    cause: str
+
+
+@dataclass
+class StallWatch:
+    """Follows the readings; says when no node has made progress for ``timeout`` seconds."""
+    timeout: float
+    phases: dict[str, str] = field(default_factory=dict)
+    _cpu: dict[str, float] = field(default_factory=dict)
+    _tail: dict[str, list[str]] = field(default_factory=dict)
+    _moved: dict[str, float] = field(default_factory=dict)
+    _seen: dict[str, float] = field(default_factory=dict)
+
+    def update(self, readings: dict[str, NodeProgress], now: float | None = None) -> Stall | None:
+        now = time.monotonic() if now is None else now
+        for node, p in readings.items():
+            self.phases[node] = phase_of(p.tail, self.phases.get(node, ""))
+            if node not in self._moved:
+                self._moved[node] = now
+            busy = (p.cpu_s is not None and node in self._cpu and
+                    p.cpu_s - self._cpu[node] > BUSY_CPU * (now - self._seen[node]))
+            working = [ln for ln in p.tail if not WAITING.search(ln)]
+            if busy or working != self._tail.get(node, working):
+                self._moved[node] = now
+            if p.cpu_s is not None:
+                self._cpu[node] = p.cpu_s
+            self._tail[node], self._seen[node] = working, now
+        if not self._moved or now - max(self._moved.values()) < self.timeout:
+            return None
+        # the node furthest behind (its log reached the earliest phase) is the likely culprit:
+        # the others wait for it; among equals, the one that went quiet first
+        order = [name for name, *_ in PHASES]
+        rank = {n: order.index(ph) if ph else -1 for n, ph in self.phases.items()}
+        behind = min(self._moved, key=lambda n: (rank.get(n, -1), self._moved[n]))
+        ahead = max(self.phases.values(), key=lambda ph: order.index(ph) if ph else -1)
+        phase = self.phases.get(behind) or ahead
+        return Stall(behind, phase, now - max(self._moved.values()), readings[behind].last_line,
+                     likely_cause(phase))

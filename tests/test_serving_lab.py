@@ -1,0 +1,291 @@
+"""Serving (04, 05, 08) on the lab. The Ray executor, the reference deployment's path: 04 forms a
+Ray cluster, 05 serves TP 2 with vLLM's workers as Ray actors on both nodes, a rerun keeps it, a
+serving change restarts only vllm serve, a crash of vllm serve ends the wait at once, 08 leaves
+nothing. The mp executor: TP 2 across both nodes (twice: the second run changes nothing), a worker
+killed during start-up and a busy port fail 05 naming the node and the cause."""
+
+import json
+import re
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sparkbook.distribution.image import ensure_image
+from sparkbook.errors import CheckFailed
+from sparkbook.lab import docker, faults, lab_params
+from sparkbook.params import load
+from sparkbook.parsers import listener
+from sparkbook.runner import run
+from sparkbook.serving import deploy
+from sparkbook.lab.image import build_without_platform
+from sparkbook.serving.commands import RAY_CONTAINER
+from sparkbook.serving.inspection import image_checks, inspect_image
+from sparkbook.serving.ray import form_ray_cluster
+from sparkbook.serving.state import node_states
+from sparkbook.serving.teardown import teardown
+from sparkbook.steps import serve as serve_step
+from sparkbook.verdict import FAIL
+
+ROOT = Path(__file__).resolve().parents[1]
+LAB = ROOT / "parameters" / "lab.yaml"
+
+
+def failures(checks):
+    return [c for c in checks if c.status == FAIL]
+
+
+def lab_file(path: Path, **serving) -> Path:
+    """The lab's parameters with ``serving`` changed, as a file."""
+    data = lab_params(2)
+    data["serving"].update(serving)
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.fixture
+def mp_file(lab, tmp_path):
+    return lab_file(tmp_path / "lab-mp.yaml", executor="mp")
+
+
+def nothing_left(params, cluster):
+    states = node_states(params, cluster)
+    assert all(not s.containers for s in states.values()), states
+    for s in states.values():
+        assert not [p for p in params.ports.model_dump().values() if listener(s.listeners, p)]
+
+
+def wait_for(ready, timeout=90):
+    t0 = time.monotonic()
+    while not ready():
+        assert time.monotonic() - t0 < timeout, "timed out"
+        time.sleep(0.5)
+
+
+def vllm_workers_on(node):
+    return "RayWorker" in docker(node, "top", RAY_CONTAINER, "-eo", "pid,args", check=False).stdout
+
+
+def container_ids(lab, name):
+    return [docker(n, "inspect", "--format", "{{.Id}}", name, check=False).stdout.strip() for n in lab.nodes()]
+
+
+def test_ray_path_serves_keeps_restarts_only_vllm_names_a_crash_and_leaves_nothing(lab, params, cluster, tmp_path):
+    assert params.serving.executor == "ray"
+    summary = run(LAB, steps="03,04,05", out=tmp_path / "first", report=False)
+    assert summary["status"] == "passed", summary
+    serving = json.loads((tmp_path / "first" / "serving.json").read_text())
+    # vLLM's workers are Ray actors, one on each node: the Ray executor really serves across them
+    assert serving["executor"] == "ray" and serving["ray_workers"] == {"spark-1": 1, "spark-2": 1}, serving
+    chat = _post(f"{params.endpoint}/v1/chat/completions", {
+        "model": params.model.path, "max_tokens": 16, "messages": [{"role": "user", "content": "Hi"}],
+        "ignore_eos": True})
+    assert chat["usage"]["completion_tokens"] == 16
+    ray_ids = container_ids(lab, RAY_CONTAINER)
+    assert all(ray_ids)
+
+    assert run(LAB, steps="05", out=tmp_path / "again", report=False)["status"] == "passed"
+    assert json.loads((tmp_path / "again" / "serving.json").read_text())["action"] == "kept"
+
+    # a serving change restarts vllm serve in the head's Ray container, not the Ray cluster
+    changed = lab_file(tmp_path / "lab-changed.yaml", max_model_len=1024)
+    assert run(changed, steps="04,05", out=tmp_path / "changed", report=False)["status"] == "passed"
+    assert json.loads((tmp_path / "changed" / "serving.json").read_text())["action"] == "restarted"
+    assert container_ids(lab, RAY_CONTAINER) == ray_ids
+
+    # vllm serve dies during start-up inside a live Ray container: the wait ends at once, named,
+    # and nothing of it is left holding the Ray workers' GPUs
+    deploy.remove_serving(params, cluster)
+    head = lab.nodes()[0]
+    box = {}
+    starting = threading.Thread(target=lambda: box.update(dep=deploy.serve(
+        params, cluster, tmp_path / "crash", say=lambda *_: None)))
+    starting.start()
+    wait_for(lambda: docker(head, "exec", RAY_CONTAINER, "pgrep", "-f", "[V]LLM::EngineCore", check=False).returncode == 0)
+    docker(head, "exec", RAY_CONTAINER, "pkill", "-9", "-f", "[v]llm serve")
+    killed_at = time.monotonic()
+    starting.join(params.serving.startup_timeout + 60)
+    dep = box["dep"]
+    assert not dep.ready and time.monotonic() - killed_at < 60
+    failed = {(c.check, c.node): c for c in failures(serve_step.checks(params, dep))}
+    assert "serve-exited" in failed[("serving container", "spark-1")].observed, failed
+    assert container_ids(lab, RAY_CONTAINER) == ray_ids  # the Ray cluster lives on
+    assert docker(head, "exec", RAY_CONTAINER, "pgrep", "-r", "D,R,S,T", "-f", "[V]LLM::",
+                  check=False).returncode == 1  # no engine left holding the Ray workers' GPUs
+
+    assert run(LAB, steps="08", out=tmp_path / "first", report=False)["status"] == "passed"
+    assert (tmp_path / "first" / "logs" / "spark-1" / "vllm-serve.log").stat().st_size > 0
+    nothing_left(params, cluster)
+
+
+def _post(url, data, timeout=60):
+    req = urllib.request.Request(url, json.dumps(data).encode(), {"Content-Type": "application/json"})
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def test_a_rank_that_hangs_is_called_a_stall_within_stall_timeout(lab, params, cluster, tmp_path):
+    """The reference deployment's NCCL initialisation hang, as the lab can make it: vLLM's processes
+    on the worker frozen once they started. Called within serving.stall_timeout (not the start-up
+    limit), naming the node and the phase; every node's logs saved, nothing left running."""
+    assert run(LAB, steps="03,04", out=tmp_path, report=False)["status"] == "passed"
+    worker = lab.nodes()[1]
+    deploy.remove_serving(params, cluster)
+    wait_for(lambda: not vllm_workers_on(worker), 30)
+    box = {}
+    starting = threading.Thread(target=lambda: box.update(dep=deploy.serve(
+        params, cluster, tmp_path, say=lambda *_: None)))
+    starting.start()
+    wait_for(lambda: vllm_workers_on(worker))
+    time.sleep(2)
+    faults.apply(lab, "stall", "spark-2")
+    frozen_at = time.monotonic()
+    try:
+        starting.join(params.serving.startup_timeout + 60)
+    finally:
+        faults.heal(lab, "stall")
+    dep = box["dep"]
+    assert not dep.ready and dep.stall is not None, dep.seen
+    assert params.serving.stall_timeout <= dep.stall.quiet_s < params.serving.stall_timeout + 15
+    assert time.monotonic() - frozen_at < params.serving.stall_timeout + 45
+    assert params.serving.stall_timeout + 45 < params.serving.startup_timeout
+    stalled = [c for c in failures(serve_step.checks(params, dep)) if c.check == "startup progress"]
+    assert [c.node for c in stalled] == ["spark-2"], serve_step.checks(params, dep)
+    assert "stalled in phase" in stalled[0].observed and stalled[0].remedy
+    assert (tmp_path / "logs" / "spark-1" / "vllm-serve.log").stat().st_size > 0
+    assert run(LAB, steps="08", out=tmp_path, report=False)["status"] == "passed"
+    nothing_left(params, cluster)
+
+
+def test_inspection_of_an_image_whose_engine_needs_a_gpu_reads_what_it_can_and_fails_nothing(
+        lab, params, cluster, tmp_path):
+    """A vLLM that finds no platform (a GPU build in a container without a GPU): `vllm serve --help`
+    fails with "Failed to infer device type"; the inspection reads versions from the metadata, the
+    options and architectures with the platform stubbed, says so, and fails no check."""
+    head = lab.nodes()[0]
+    tag = build_without_platform(head.docker_sock, params.runtime.image, "sparkbook-lab/no-platform:test")
+    try:
+        helped = docker(head, "run", "--rm", "--network", "none", tag, "--help", check=False)
+        assert helped.returncode != 0 and "Failed to infer device type" in helped.stdout + helped.stderr
+        bare = params.model_copy(update={"runtime": params.runtime.model_copy(update={"image": tag})})
+        info = inspect_image(bare, cluster)
+    finally:
+        docker(head, "rmi", tag, check=False)
+    assert info.vllm and info.ray and info.torch, info
+    assert "Failed to infer device type" in info.stubbed["options"], info.stubbed
+    assert "--tensor-parallel-size" in info.options and "Qwen3ForCausalLM" in info.architectures
+    checks = image_checks(bare, info)
+    assert not failures(checks), checks
+    assert "platform stubbed" in {c.check: c for c in checks}["vllm serve options"].observed
+
+
+def test_mp_tp2_serving_twice_then_teardown_leaves_nothing(lab, mp_file, cluster, tmp_path):
+    params = load(mp_file)
+    summary = run(mp_file, steps="03,04,05", out=tmp_path, report=False)
+    assert summary["status"] == "passed", summary
+    ray = json.loads((tmp_path / "verdicts" / "04_ray_cluster.json").read_text())
+    assert {(c["check"], c["node"]) for c in ray["checks"] if c["status"] == "PASS"} >= {
+        ("in the Ray cluster", "spark-1"), ("in the Ray cluster", "spark-2")}
+    assert json.loads((tmp_path / "serving.json").read_text())["action"] in ("started", "restarted")
+    chat = _post(f"{params.endpoint}/v1/chat/completions", {
+        "model": params.model.path, "max_tokens": 16, "messages": [{"role": "user", "content": "Hi"}],
+        "ignore_eos": True})
+    assert chat["usage"]["completion_tokens"] == 16
+    head_log = cluster.run(["docker", "logs", params.runtime.container_name], [params.head])["spark-1"]
+    assert "world_size=2" in head_log.stdout + head_log.stderr
+
+    again = tmp_path / "again"
+    assert run(mp_file, steps="05", out=again, report=False)["status"] == "passed"
+    assert json.loads((again / "serving.json").read_text())["action"] == "kept"
+
+    # a newer build under the tag on the head, copied by 03: the deployment is not kept
+    image, head = params.runtime.image, lab.nodes()[0]
+    for node in lab.nodes():
+        docker(node, "tag", image, "sbk-test-keep:latest")
+    docker(head, "build", "-q", "-t", image, "-", input="FROM sbk-test-keep:latest\nLABEL x=2\n")
+    try:
+        newer = tmp_path / "newer"
+        assert run(mp_file, steps="03,05", out=newer, report=False)["status"] == "passed"
+        assert json.loads((newer / "serving.json").read_text())["action"] == "restarted"
+        assert run(mp_file, steps="08", out=tmp_path, report=False)["status"] == "passed"
+    finally:
+        for node in lab.nodes():
+            docker(node, "tag", "sbk-test-keep:latest", image)
+            docker(node, "rmi", "sbk-test-keep:latest", check=False)
+            docker(node, "image", "prune", "-f", check=False)
+    assert (tmp_path / "logs" / "spark-2" / "sparkbook-vllm.log").stat().st_size > 0
+    nothing_left(params, cluster)
+
+
+def test_worker_killed_during_startup_fails_naming_it_with_both_logs(lab, mp_file, cluster, tmp_path):
+    params = load(mp_file)
+    ensure_image(params, cluster, say=lambda *_: None)
+    worker = lab.nodes()[1]
+    box = {}
+    t0 = time.monotonic()
+    serving = threading.Thread(target=lambda: box.update(dep=deploy.serve(params, cluster, tmp_path,
+                                                                          say=lambda *_: None)))
+    serving.start()
+    # killed once it runs and has said something: during start-up, not before it
+    while docker(worker, "inspect", "--format", "{{.State.Status}}", params.runtime.container_name,
+                 check=False).stdout.strip() != "running" and time.monotonic() - t0 < 60:
+        time.sleep(0.3)
+    while time.monotonic() - t0 < 120:
+        said = docker(worker, "logs", params.runtime.container_name, check=False)
+        if (said.stdout + said.stderr).strip():
+            break
+        time.sleep(1)
+    docker(worker, "kill", params.runtime.container_name)
+    serving.join(params.serving.startup_timeout + 60)
+    took = time.monotonic() - t0
+    dep = box["dep"]
+    assert not dep.ready and took < params.serving.startup_timeout
+    failed = {(c.check, c.node): c for c in failures(serve_step.checks(params, dep))}
+    assert "killed" in failed[("serving container", "spark-2")].observed
+    for node in ("spark-1", "spark-2"):
+        assert (tmp_path / "logs" / node / "sparkbook-vllm.log").stat().st_size > 0
+    assert all(not s.containers for s in node_states(params, cluster).values()), "left running"
+
+
+def test_busy_port_fails_before_any_container_starts(lab, mp_file, cluster, tmp_path):
+    params = load(mp_file)
+    faults.apply(lab, "port-busy")
+    try:
+        dep = deploy.serve(params, cluster, tmp_path, say=lambda *_: None)
+        started = {n: s.containers for n, s in node_states(params, cluster).items()}
+    finally:
+        faults.heal(lab, "port-busy")
+    failed = failures(serve_step.checks(params, dep))
+    assert [(c.check, c.node) for c in failed] == [("port free", "spark-1")]
+    assert f"port {params.ports.api}" in failed[0].observed and failed[0].remedy
+    assert all(not c for c in started.values()), started
+
+
+def test_a_worker_without_the_heads_image_fails_before_anything_starts(lab, params, cluster, tmp_path):
+    ensure_image(params, cluster, say=lambda *_: None)
+    teardown(params, cluster, tmp_path)  # nothing serving that would be kept
+    worker, image = lab.nodes()[1], params.runtime.image
+    docker(worker, "tag", image, "sbk-test-keep:latest")  # the layers stay: restored by a tag
+    try:
+        seen = {}
+        docker(worker, "rmi", image)  # the tag only
+        with pytest.raises(CheckFailed) as absent:
+            deploy.serve(params, cluster, tmp_path, say=lambda *_: None)
+        seen["absent"] = {n: s.containers for n, s in node_states(params, cluster).items()}
+        # another image under the tag: the same layers, another ID
+        docker(worker, "build", "-q", "-t", image, "-", input="FROM sbk-test-keep:latest\nLABEL x=1\n")
+        with pytest.raises(CheckFailed) as other:
+            form_ray_cluster(params, cluster, tmp_path, say=lambda *_: None)
+        seen["other"] = {n: s.containers for n, s in node_states(params, cluster).items()}
+    finally:
+        docker(worker, "tag", "sbk-test-keep:latest", image)
+        docker(worker, "rmi", "sbk-test-keep:latest", check=False)
+        docker(worker, "image", "prune", "-f", check=False)
+    assert "- spark-2: the image is not there" in str(absent.value)
+    assert re.search(r"^- spark-2: holds [0-9a-f]{12} under the tag, the head [0-9a-f]{12}$", str(other.value), re.M)
+    for e in (absent, other):
+        assert "spark-1" not in str(e.value) and "remedy: run 03_distribute_image" in str(e.value)
+    assert all(not c for s in seen.values() for c in s.values()), seen

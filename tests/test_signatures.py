@@ -1,0 +1,180 @@
+"""The failure signatures (sparkbook.signatures) on real log lines from public threads
+(tests/fixtures/logs/, each naming its source), on real DGX Spark logs (../shared/field-samples),
+02's and 05's use of the one table, and ``sparkbook diagnose``."""
+
+import io
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import field_sample
+
+from sparkbook import collectives, signatures
+from sparkbook.cli import main
+from sparkbook.params import load
+
+ROOT = Path(__file__).resolve().parents[1]
+LOGS = ROOT / "tests" / "fixtures" / "logs"
+FIXTURES = sorted(p for p in LOGS.glob("*.txt") if not p.name.startswith("clean-"))
+CLEAN = sorted(LOGS.glob("clean-*.txt"))
+# Signatures for which no public log line was found (written from vLLM's and Ray's source).
+NO_PUBLIC_LINE = {"nnodes-world-size", "cuda-graph-hang", "ray-unsupported-platform"}
+
+
+def fixture(path: Path) -> str:
+    """A fixture's log lines, without its two header lines (source, note)."""
+    lines = path.read_text().splitlines(keepends=True)
+    assert lines[0].startswith("# source: https://"), f"{path.name}: first line must name the source"
+    assert lines[1].startswith("# note: "), f"{path.name}: second line must say what it shows"
+    return "".join(lines[2:])
+
+
+def signature_of(path: Path) -> str:
+    return path.stem.rsplit("-", 1)[0]
+
+
+def test_the_table_is_well_formed_and_every_signature_has_a_real_line_or_says_why_not():
+    names = [s.name for s in signatures.SIGNATURES]
+    assert len(names) == len(set(names))
+    for s in signatures.SIGNATURES:
+        assert s.phase in signatures.PHASES and set(s.steps) <= set(signatures.ALL_STEPS), s.name
+        assert s.cause and s.remedy, s.name
+    covered = {signature_of(p) for p in FIXTURES}
+    assert covered <= set(names), covered - set(names)
+    assert set(names) - covered == NO_PUBLIC_LINE
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
+def test_every_signature_matches_its_real_log_lines(path):
+    hit = signatures.first(fixture(path))
+    assert hit is not None and hit.name == signature_of(path), (hit, path.name)
+    assert hit.evidence and hit.cause and hit.remedy and hit.line >= 1
+
+
+@pytest.mark.parametrize("path", CLEAN, ids=lambda p: p.stem)
+def test_lines_that_look_alike_but_are_not_failures_name_nothing(path):
+    assert signatures.match(fixture(path)) == []
+
+
+def test_real_dgx_spark_logs():
+    hit = signatures.first(field_sample("vllm-error-ray-channel-timeout-1.txt"))
+    assert hit.name == "nccl-timeout" and "RayChannelTimeoutError" in hit.evidence
+    hit = signatures.first(field_sample("vllm-warning-tp-exceeds-gpus-1.txt"))
+    assert hit.name == "tp-exceeds-gpus" and "Tensor parallel size (2)" in hit.evidence
+
+
+@pytest.mark.parametrize("name", ["vllm-ray-head-startup-1.txt", "vllm-ray-worker-startup-1.txt"])
+def test_a_clean_start_up_on_two_sparks_names_nothing(name):
+    # the head's log holds "Tensor parallel size (2) exceeds available GPUs (1)" and "is bigger
+    # than a reserved number of GPUs": warnings the start-up went past, and CUDA graph capture
+    # that finished
+    assert signatures.match(field_sample(name)) == []
+
+
+def test_a_log_that_ends_in_graph_capture_is_a_hang_and_shutdown_lines_do_not_hide_it():
+    head = field_sample("vllm-ray-head-startup-1.txt").split("\n")
+    cut = next(i for i, ln in enumerate(head) if "Capturing CUDA graphs" in ln and "2/51" in ln)
+    stopped = "\n".join(head[:cut + 1])
+    hit = signatures.first(stopped)
+    assert hit.name == "cuda-graph-hang" and hit.line == cut + 1 and hit.phase == "graph capture"
+    shutdown = field_sample("vllm-error-ray-channel-timeout-1.txt").rstrip().split("\n")[-1]
+    assert "Shutting down" in shutdown
+    assert signatures.first(stopped + "\n" + shutdown).name == "cuda-graph-hang"
+    went_on = next(j for j in range(cut, len(head)) if "Available KV cache memory" in head[j])
+    assert signatures.match("\n".join(head[:went_on + 1])) == []  # the log went on: not a hang
+
+
+def test_a_warning_is_void_once_the_start_up_goes_on():
+    warning = fixture(LOGS / "ray-placement-group-2.txt")
+    assert signatures.first(warning).name == "ray-placement-group"
+    head = field_sample("vllm-ray-head-startup-1.txt")
+    progress = next(ln for ln in head.split("\n") if "world_size=2 rank=0" in ln)
+    assert signatures.match(warning + progress + "\n") == []
+
+
+def test_colour_codes_prefixes_and_hard_wrapped_lines_are_read_through():
+    hit = signatures.first(fixture(LOGS / "ray-oom-killer-2.txt"))  # syslog's #033[..m, wrapped
+    assert "#033" not in hit.evidence and hit.line == 2
+    text = fixture(LOGS / "kv-cache-too-small-1.txt")
+    wrapped = "\n".join(textwrap.wrap(text.split("\n")[-2], 80))  # as pasted from a terminal
+    hit = signatures.first(wrapped)
+    assert hit.name == "kv-cache-too-small" and "KV cache is needed" in hit.evidence
+
+
+def test_each_line_belongs_to_the_most_specific_signature():
+    found = signatures.match(fixture(LOGS / "nccl-no-interface-1.txt"))
+    assert [h.name for h in found] == ["nccl-no-interface", "nccl-error"]
+    assert found[0].detail.endswith("Bootstrap : no socket interface found")
+    found = signatures.match(fixture(LOGS / "ray-placement-group-1.txt"))
+    assert [(h.name, h.count) for h in found] == [("ray-placement-group", 2), ("tp-exceeds-gpus", 1)]
+    hit = signatures.first(fixture(LOGS / "nccl-error-2.txt"))
+    assert hit.detail.startswith("socketProgressOpt: Call to recv") and "remote process" in hit.evidence
+
+
+def test_a_step_keeps_the_signatures_its_logs_can_hold():
+    refused = fixture(LOGS / "unrecognized-arguments-1.txt")
+    assert signatures.first(refused).name == "unrecognized-arguments"
+    assert signatures.match(refused, step="02") == []  # torchrun's script is sparkbook's own
+    swallowed = fixture(LOGS / "entrypoint-swallowed-command-1.txt")
+    assert signatures.first(swallowed, step="02").name == "entrypoint-swallowed-command"
+
+
+def test_the_last_error_line_is_kept_for_failures_no_signature_names():
+    assert signatures.last_error("INFO fine\n(Worker pid=3) ERROR: boom happened\nINFO after\n") == \
+        "ERROR: boom happened"
+    assert signatures.last_error("INFO all good\n") == ""
+
+
+def _sweep(logs, phases):
+    return collectives.Sweep("nccl", phases=phases, logs=logs)
+
+
+def test_02_names_a_command_swallowed_by_the_entrypoint_instead_of_guessing_the_network():
+    p = load(ROOT / "parameters" / "lab.yaml")
+    logs = {"spark-1": fixture(LOGS / "entrypoint-swallowed-command-1.txt"), "spark-2": ""}
+    phase, cause = collectives.diagnose(p, _sweep(logs, {"spark-1": "rendezvous", "spark-2": "rendezvous"}))
+    assert phase == "rendezvous" and "ENTRYPOINT" in cause and "spark-1" in cause
+    assert "firewall" not in cause and "unrecognized arguments: serve" in cause
+    logs = {"spark-1": "", "spark-2": fixture(LOGS / "nccl-error-3.txt")}
+    phase, cause = collectives.diagnose(p, _sweep(logs, {"spark-1": "started", "spark-2": "started"}))
+    assert phase == "communicator init" and "NCCL failed" in cause and "NCCL WARN Net" in cause
+    logs = {"spark-1": "x RuntimeError: something else\n", "spark-2": ""}
+    phase, cause = collectives.diagnose(p, _sweep(logs, {"spark-1": "init-done", "spark-2": "done"}))
+    assert phase == "first collective" and "MTU" in cause and "something else" in cause
+
+
+def test_diagnose_names_each_failure_with_its_file_and_line(capsys):
+    path = LOGS / "port-in-use-1.txt"
+    assert main(["diagnose", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert f"port-in-use at {path}:7" in out  # two header lines, then the fifth log line
+    assert "a port is already in use" in out and "address already in use" in out and "ss -ltnp" in out
+
+
+def test_diagnose_exits_0_on_a_clean_log_and_reads_several_files(capsys):
+    clean = CLEAN[0]
+    assert main(["diagnose", str(clean)]) == 0
+    assert "no known failure" in capsys.readouterr().out
+    assert main(["diagnose", str(clean), str(LOGS / "nccl-timeout-1.txt")]) == 1
+    out = capsys.readouterr().out
+    assert "no known failure" in out and "nccl-timeout at" in out and "(2 lines)" in out
+
+
+def test_diagnose_reads_stdin(monkeypatch, capsys):
+    monkeypatch.setattr("sys.stdin", io.StringIO(fixture(LOGS / "free-memory-at-startup-1.txt")))
+    assert main(["diagnose", "-"]) == 1
+    out = capsys.readouterr().out
+    assert "free-memory-at-startup at <stdin>:1" in out and "gpu_memory_utilization" in out
+    monkeypatch.setattr("sys.stdin", io.StringIO("INFO nothing wrong here\n"))
+    assert main(["diagnose", "-"]) == 0
+
+
+def test_diagnose_on_a_clean_dgx_spark_start_up_exits_0(tmp_path, capsys):
+    log = tmp_path / "head.log"
+    log.write_text(field_sample("vllm-ray-head-startup-1.txt"))
+    assert main(["diagnose", str(log)]) == 0
+
+
+def test_diagnose_says_which_file_it_cannot_read(tmp_path, capsys):
+    assert main(["diagnose", str(tmp_path / "missing.log")]) == 2
+    assert "cannot read" in capsys.readouterr().err
