@@ -57,9 +57,12 @@ class Context:
 
     @property
     def name(self) -> str:
+        return self._step().NAME
+
+    def _step(self) -> Step:
         if self.step is None:
             raise RuntimeError("this context has no step: sparkbook.notebook.start(globals(), step)")
-        return self.step.NAME
+        return self.step
 
     def record(self, outcome: Outcome) -> Outcome:
         """Keep ``outcome`` (in the run folder, as its ``FILE``); its key numbers go into the
@@ -70,24 +73,22 @@ class Context:
 
     def run(self, **kw: Any) -> Outcome:
         """The step's work (``step.run(ctx, **kw)``), recorded."""
-        return self.record(self.step.run(self, **kw))  # type: ignore[union-attr]
+        return self.record(self._step().run(self, **kw))
 
     def gate(self, checks: list[Check], key: str = "gate") -> None:
         """Checks before the work of a step: when any failed, the step ends here (as
         :meth:`conclude`); otherwise they are shown and become part of the final verdict."""
         self.gated[key] = list(checks)
-        verdict = Verdict(f"{self.step.TITLE}: {key}", list(checks))  # type: ignore[union-attr]
+        verdict = Verdict(f"{self._step().TITLE}: {key}", list(checks))
         if verdict.failures:
             self.conclude()
         _show(verdict)
 
     def verdict(self, outcome: Outcome | None = None) -> Verdict:
         """The step's verdict: the gates' checks, then the step's checks of ``outcome``."""
-        step = self.step
-        if step is None:
-            raise RuntimeError("this context has no step: sparkbook.notebook.start(globals(), step)")
-        if outcome is not None:
-            self.record(outcome)
+        step = self._step()
+        if outcome is not None and not any(o is outcome for o in self.outcomes):
+            self.record(outcome)  # a cell that made it without ctx.run (ctx.run recorded its own)
         checks = [c for cs in self.gated.values() for c in cs]
         if outcome is not None:
             checks += step.checks(self.params, outcome)

@@ -16,12 +16,12 @@ import yaml
 
 
 from conftest import field_sample
+from sparkbook import signatures
 from sparkbook.params import ParamsError, load, validate
 from sparkbook.redact import MASK
 from sparkbook.remote import Cluster, command_line
 from sparkbook.serving import commands, deploy, startup, state
 from sparkbook.serving.inspection import ImageInfo, configured_options, image_checks, image_table
-from sparkbook.serving.logs import match_signature
 from sparkbook.serving.state import node_states
 from sparkbook.serving.teardown import teardown
 from sparkbook.steps import serve as serve_step
@@ -452,15 +452,15 @@ def test_the_serving_outcome_names_its_start_up_time_and_its_checks_the_cause():
 
 
 def test_signatures_on_real_vllm_logs():
-    cause, line, remedy = match_signature(field_sample("vllm-error-ray-channel-timeout-1.txt"))
-    assert "timed out" in cause and "RayChannelTimeoutError" in line and "02_collectives" in remedy
-    cause, line, _ = match_signature(field_sample("vllm-warning-tp-exceeds-gpus-1.txt"))
-    assert "exceeds the GPUs" in cause and "Tensor parallel size (2)" in line
-    assert match_signature(field_sample("vllm-ray-worker-startup-1.txt")) is None
-    assert "port" in match_signature("ERROR [Errno 98] Address already in use")[0]
+    hit = signatures.first(field_sample("vllm-error-ray-channel-timeout-1.txt"))
+    assert "timed out" in hit.cause and "RayChannelTimeoutError" in hit.evidence and "02_collectives" in hit.remedy
+    hit = signatures.first(field_sample("vllm-warning-tp-exceeds-gpus-1.txt"))
+    assert "exceeds the GPUs" in hit.cause and "Tensor parallel size (2)" in hit.evidence
+    assert signatures.first(field_sample("vllm-ray-worker-startup-1.txt")) is None
+    assert "port" in signatures.first("ERROR [Errno 98] Address already in use").cause
     capture = "INFO Capturing CUDA graph shapes: 10%\nINFO model loaded\nINFO Capturing CUDA graph shapes: 50%"
-    assert "CUDA graphs" in match_signature(capture)[0]
-    assert match_signature(capture + "\nINFO Graph capturing finished\nINFO Starting API") is None
+    assert "CUDA graphs" in signatures.first(capture).cause
+    assert signatures.first(capture + "\nINFO Graph capturing finished\nINFO Starting API") is None
 
 
 # ------------------------------------------------------------------------------------- on the lab

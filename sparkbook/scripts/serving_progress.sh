@@ -14,22 +14,12 @@
 #   e.g. serving_progress.sh sparkbook-ray ray-head 40 '[v]llm serve' /tmp/sparkbook/logs/vllm-serve.log
 set -euo pipefail
 container=$1 mode=$2 lines=$3
-# Live processes of the container matching a pattern (zombies left to a PID 1 that does not reap
-# them hold nothing); pgrep without --runstates where it is older than procps-ng 3.3.16.
-alive() {
-  local rc=0
-  docker exec "$container" pgrep -r D,R,S,T,t,W,I -f "$1" >/dev/null 2>&1 || rc=$?
-  if [ "$rc" -eq 2 ]; then
-    docker exec "$container" pgrep -f "$1" >/dev/null 2>&1 || rc=$?
-  fi
-  return "$rc"
-}
 state=$(docker inspect --format '{{.State.Status}} {{.State.ExitCode}} {{.State.OOMKilled}}' \
   -- "$container" 2>/dev/null) || state=absent
 if [ "$mode" = ray-head ]; then
   pattern=$4
   case $state in
-    running*) alive "$pattern" || state=serve-exited ;;
+    running*) docker exec "$container" pgrep -f "$pattern" >/dev/null || state=serve-exited ;;
   esac
 fi
 echo "$state"

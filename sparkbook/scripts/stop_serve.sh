@@ -8,8 +8,8 @@
 #   e.g. stop_serve.sh sparkbook-ray '[v]llm serve' '[V]LLM::' 60
 set -euo pipefail
 container=$1 serve=$2 engine=$3 grace=${4:-60}
-# Live processes of the container matching a pattern (zombies left to a PID 1 that does not reap
-# them hold nothing); pgrep without --runstates where it is older than procps-ng 3.3.16.
+# Live processes of the container matching a pattern: an engine whose vllm serve died is left to
+# the container's PID 1 (`ray start`), which does not reap it, and its zombie holds nothing; pgrep without --runstates where it is older than procps-ng 3.3.16.
 alive() {
   local rc=0
   docker exec "$container" pgrep -r D,R,S,T,t,W,I -f "$1" >/dev/null 2>&1 || rc=$?

@@ -89,9 +89,7 @@ def serve(params: Params, cluster: Cluster, run_dir: Path,
         return dep
     try:
         start_serving(params, cluster, states, say)
-        wait = wait_ready(params, cluster, params.serving.startup_timeout)
-        dep.ready, dep.models, dep.seen, dep.stopped = wait.ready, wait.models, wait.seen, wait.stopped
-        dep.stall, dep.phases = wait.stall, wait.phases
+        wait_ready(params, cluster, dep, params.serving.startup_timeout)
     finally:
         if not dep.ready:
             dep.diagnosis = diagnose(params, cluster, run_dir)
@@ -155,51 +153,37 @@ def remove_serving(params: Params, cluster: Cluster, grace: float = 60) -> None:
         cluster.run(["docker", "rm", "-f", params.runtime.container_name])
 
 
-@dataclass
-class Wait:
-    """How the wait for vLLM ended."""
-    ready: bool = False
-    models: list[str] = field(default_factory=list)
-    seen: str = ""
-    stopped: dict[str, str] = field(default_factory=dict)  # node -> how its container ended
-    stall: Stall | None = None
-    phases: dict[str, str] = field(default_factory=dict)   # node -> the start-up phase reached
-
-
-def wait_ready(params: Params, cluster: Cluster, timeout: float) -> Wait:
+def wait_ready(params: Params, cluster: Cluster, dep: Deployment, timeout: float) -> None:
     """Wait for /health and /v1/models, showing every node's phase and latest log line; stop early
     when a serving container (or vllm serve in the Ray head's) dies, or when no node has made
-    progress for ``serving.stall_timeout``."""
+    progress for ``serving.stall_timeout``. What it saw goes into ``dep``."""
     deadline = time.monotonic() + timeout
     t0 = time.monotonic()
     watch = StallWatch(params.serving.stall_timeout)
-    out = Wait()
     with Progress(f"waiting for vLLM at {params.endpoint} (up to {timeout:.0f} s; a stall is called "
                   f"after {params.serving.stall_timeout:.0f} s without progress)") as progress:
         while time.monotonic() < deadline:
-            out.ready, out.models, out.seen = healthy(params)
-            progress.update("api", f"{time.monotonic() - t0:5.0f} s  {out.seen}", force=out.ready)
-            if out.ready:
-                break
+            dep.ready, dep.models, dep.seen = healthy(params)
+            progress.update("api", f"{time.monotonic() - t0:5.0f} s  {dep.seen}", force=dep.ready)
+            if dep.ready:
+                return
             readings = read_progress(params, cluster)
-            out.stall = watch.update(readings)
-            out.phases = dict(watch.phases)
+            dep.stall = watch.update(readings)
+            dep.phases = dict(watch.phases)
             for node, p in readings.items():
                 progress.update(node, f"[{p.status}] {watch.phases.get(node) or 'starting'}: "
                                       f"{p.last_line[-140:]}")
-            out.stopped = {n: p.status for n, p in readings.items() if p.dead}
-            if out.stopped:
-                out.seen = f"the serving container stopped on {', '.join(out.stopped)}"
-                break
-            if out.stall:
-                st = out.stall
-                out.seen = (f"no progress on any node for {st.quiet_s:.0f} s, in phase "
+            dep.stopped = {n: p.status for n, p in readings.items() if p.dead}
+            if dep.stopped:
+                dep.seen = f"the serving container stopped on {', '.join(dep.stopped)}"
+                return
+            if dep.stall:
+                st = dep.stall
+                dep.seen = (f"no progress on any node for {st.quiet_s:.0f} s, in phase "
                             f"'{st.phase or 'start'}' ({st.node} is furthest behind)")
-                break
+                return
             time.sleep(3)
-        else:
-            out.seen = f"not ready after {timeout:.0f} s ({out.seen})"
-    return out
+        dep.seen = f"not ready after {timeout:.0f} s ({dep.seen})"
 
 
 def healthy(params: Params, timeout: float = 5) -> tuple[bool, list[str], str]:

@@ -8,19 +8,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 from .. import signatures
 from ..params import Params
 from ..parsers import parse_sections
 from ..remote import Cluster, script
 from .commands import RAY_CONTAINER, SERVE_LOG
-
-
-class Match(NamedTuple):
-    cause: str
-    evidence: str  # the last line that matched
-    remedy: str
 
 
 @dataclass
@@ -31,15 +24,6 @@ class Diagnosis:
     evidence: str
     remedy: str
     logs: str  # the folder of the node's logs
-
-
-def match_signature(text: str) -> Match | None:
-    """The most specific known failure signature in ``text`` (sparkbook.signatures): (cause,
-    evidence line, remedy). For the CUDA graph capture, only when it is the last thing the log says
-    (a hang, not a passing phase); for a warning such as "Tensor parallel size exceeds available
-    GPUs", only when the start-up did not go on after it."""
-    hit = signatures.first(text)
-    return Match(hit.cause, hit.evidence, hit.remedy) if hit else None
 
 
 def collect_logs(params: Params, cluster: Cluster, run_dir: Path, containers: list[str] | None = None,

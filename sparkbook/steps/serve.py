@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..params import Params
-from ..serving.commands import serving_container
+from ..remote import command_line
+from ..serving.commands import RAY_CONTAINER, serving_container
 from ..serving.deploy import Deployment, serve
 from ..tables import Table
 from ..verdict import FAIL, PASS, WARN, Check
@@ -36,6 +37,9 @@ def table(outcome: Deployment) -> Table:
     return Table(["", "value"], rows, title="vLLM serving")
 
 
+LIST_ACTORS = command_line(["docker", "exec", RAY_CONTAINER, "ray", "list", "actors"])
+
+
 def ray_worker_checks(params: Params, dep: Deployment) -> list[Check]:
     """With the Ray executor: vLLM's workers are Ray actors, tensor × pipeline parallel of them, on
     the serving nodes (a vLLM that silently fell back to another executor has none)."""
@@ -46,14 +50,14 @@ def ray_worker_checks(params: Params, dep: Deployment) -> list[Check]:
         return [Check("vLLM's Ray workers", head, WARN, f"Ray's actors could not be listed: "
                       f"{dep.ray_workers_error}", f"{want} worker actor(s)",
                       "the image's Ray lacks its state API (ray[default]); `ray list actors` in the "
-                      "head's Ray container shows them", "docker exec sparkbook-ray ray list actors")]
+                      "head's Ray container shows them", LIST_ACTORS)]
     got = sum(dep.ray_workers.values())
     where = ", ".join(f"{n}: {k}" for n, k in dep.ray_workers.items())
     return [Check("vLLM's Ray workers", head, PASS if got == want else FAIL, f"{got} ({where})",
                   f"{want} worker actor(s) (tensor × pipeline parallel)",
                   "" if got == want else "vLLM did not start its workers through Ray: read "
                   "logs/<node>/vllm-serve.log for the executor it chose",
-                  "docker exec sparkbook-ray ray list actors")]
+                  LIST_ACTORS)]
 
 
 def checks(params: Params, outcome: Deployment) -> list[Check]:
