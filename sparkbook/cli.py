@@ -59,7 +59,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     params = load(_params(args))
     verdict = Verdict(step.TITLE, step.checks(params, preflight.gather(params, open_cluster(params))))
     print(verdict.to_text())
-    for c in verdict.failures:
+    for c in [] if verdict.is_matrix else verdict.failures:  # the matrix lists them below itself
         print(f"FAIL {c.check} on {c.node}: {c.observed}\n  remedy: {c.remedy}")
     return 1 if verdict.failures else 0
 
@@ -179,7 +179,8 @@ def parser() -> argparse.ArgumentParser:
     q = lsub.add_parser("fault", help="apply a reversible fault")
     q.add_argument("kind", choices=FAULTS)
     q.add_argument("--node", help="node to break (default: the first worker; the head for port-busy)")
-    q.add_argument("--port", type=int, help="port-busy: the port (default: the API port)")
+    q.add_argument("--port", type=int, help="port-busy: the port (default: the API port); "
+                   "firewall: the port whose TCP is dropped on the fabric (default: the Ray port)")
     q.add_argument("--rate", default="200mbit", help="slow-link: the rate limit (default: 200mbit)")
     q = lsub.add_parser("heal", help="undo faults (all, or one kind)")
     q.add_argument("kind", nargs="?", choices=FAULTS)

@@ -16,8 +16,6 @@ from typing import Any, Literal, Mapping
 
 import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     field_validator,
@@ -25,17 +23,14 @@ from pydantic import (
 
 from .errors import SparkbookError
 from .redact import protect
+from .settings import Benchmark, Collectives, Distribution, Expectations, Section
 
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 # Fields whose values are never echoed back in an error message.
 _SECRET_HINTS = ("token", "secret", "password", "passphrase")
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Rail(_Model):
+class Rail(Section):
     """One fabric rail of a node: a RoCE netdev, its address and the HCA behind it."""
 
     interface: str = Field(pattern=r"^[A-Za-z0-9._-]{1,15}$")
@@ -48,7 +43,7 @@ class Rail(_Model):
         return ipaddress.ip_interface(f"{self.ip}/{self.prefix}").network
 
 
-class Node(_Model):
+class Node(Section):
     """A machine of the deployment and how to reach it."""
 
     name: str = Field(pattern=NAME_RE)
@@ -79,7 +74,7 @@ class Node(_Model):
         return v
 
 
-class SSH(_Model):
+class SSH(Section):
     known_hosts: list[str] = Field(
         default_factory=list, description="known_hosts files read besides ~/.ssh/known_hosts"
     )
@@ -96,7 +91,7 @@ MANAGED_DOCKER_FLAGS = frozenset({
     "ulimit", "cap-add", "runtime", "pid", "uts", "userns", "volumes-from"})
 
 
-class Runtime(_Model):
+class Runtime(Section):
     kind: Literal["docker", "venv"] = "docker"
     image: str | None = Field(None, min_length=1)
     venv: str | None = Field(None, description="virtualenv holding vllm on every node (kind venv)")
@@ -140,10 +135,15 @@ class Runtime(_Model):
         return v
 
 
-class ModelSpec(_Model):
-    name: str = Field(min_length=1)
+class ModelSpec(Section):
+    name: str = Field(min_length=1, description="the model's repository on the Hugging Face hub "
+                      "(what model.source hf downloads)")
     path: str = Field(min_length=1, description="directory of the model on every node")
-    revision: str | None = None
+    source: Literal["head", "hf"] = Field(
+        "head", description="head: the head already holds the model at model.path; hf: 03 "
+        "downloads model.name at model.revision from the hub onto the head first (resumable)")
+    revision: str | None = Field(None, description="the hub revision (a commit, branch or tag); "
+                                 "pin a commit for runs that can be compared")
     hf_token_env: str = Field(
         "HF_TOKEN", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
         description="environment variable of the notebook machine holding the token",
@@ -162,7 +162,10 @@ class ModelSpec(_Model):
         return v
 
 
-class Serving(_Model):
+class Serving(Section):
+    nodes: list[str] | None = Field(
+        None, description="names of the nodes that serve, the head among them (default: all); "
+        "the others still take part in preflight, the all-reduce and distribution")
     tensor_parallel_size: int = Field(1, ge=1)
     pipeline_parallel_size: int = Field(1, ge=1)
     executor: Literal["ray", "mp"] = "ray"
@@ -192,84 +195,14 @@ class Serving(_Model):
         return v
 
 
-class Ports(_Model):
+class Ports(Section):
     api: int = Field(8000, ge=1, le=65535)
     ray: int = Field(6379, ge=1, le=65535)
     dashboard: int = Field(8265, ge=1, le=65535)
     master: int = Field(29501, ge=1, le=65535)
 
 
-class Expectations(_Model):
-    gpu_name: str | None = Field(None, description="e.g. 'NVIDIA GB10'; None skips the name check")
-    gpus_per_node: int = Field(1, ge=0)
-    mtu: int = Field(9000, ge=576, le=65535)
-    link_rate_gbps: float = Field(200, gt=0)
-    busbw_gbps: float = Field(21.875, gt=0, description="all-reduce bus bandwidth bar, GB/s")
-    min_disk_gb: float = Field(0, ge=0)
-
-
-class Collectives(_Model):
-    """The all-reduce sweep of 02_collectives."""
-
-    min_size_mb: float = Field(1, gt=0)
-    max_size_mb: float = Field(1024, gt=0)
-    iters: int = Field(20, ge=1)
-    warmup: int = Field(5, ge=0)
-    timeout_s: float = Field(600, gt=0, description="hard limit for the whole sweep")
-    backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="auto: nccl with GPUs, else gloo")
-    master_port: int | None = Field(None, ge=1, le=65535, description="default: ports.master + 1")
-
-    def sizes(self) -> list[int]:
-        """Powers of two from the smallest to the largest size, in bytes."""
-        out, size = [], int(self.min_size_mb * 2**20)
-        while size <= self.max_size_mb * 2**20:
-            out.append(size)
-            size *= 2
-        return out
-
-
-class Distribution(_Model):
-    """How 03 gets the image and the model onto every node."""
-    source: Literal["head", "registry"] = Field(
-        "head", description="head: stream the head's image to the workers over SSH; registry: "
-        "`docker pull` on every node")
-    compress: Literal["auto", "on", "off"] = Field(
-        "auto", description="zstd on the stream; auto: when both ends have zstd and it outruns the pipe")
-    reader: Literal["auto", "container", "docker-save"] = Field(
-        "auto", description="auto: read the head's layers straight from Docker's layer store "
-        "(overlay2), which starts at once, in a throwaway container of the image where the SSH user "
-        "cannot read Docker's folder (container: always so); docker-save: always `docker save`, "
-        "which first copies the whole image into a temporary folder")
-    parallel: int = Field(4, ge=1, description="workers fed by one read of the image at once")
-    timeout_s: float = Field(3600, gt=0, description="limit for one image or model copy")
-    model_sync: bool = Field(True, description="copy the model from the head where a worker's "
-                             "differs; off where the model lives on shared storage (NFS)")
-
-
-class Reference(_Model):
-    label: str
-    single_user_tok_s: float | None = Field(None, gt=0)
-
-
-class Benchmark(_Model):
-    context_depths: list[int] = Field(default_factory=lambda: [0, 4096, 16384])
-    concurrency: list[int] = Field(default_factory=lambda: [1, 2, 4, 8])
-    output_tokens: int = Field(256, ge=1)
-    prompt_tokens: int = Field(512, ge=1)
-    requests_per_level: int = Field(16, ge=1)
-    request_rates: list[float] = Field(default_factory=list)
-    seed: int = 0
-    references: list[Reference] = Field(default_factory=list)
-
-    @field_validator("concurrency", "context_depths")
-    @classmethod
-    def _non_negative(cls, v: list[int]) -> list[int]:
-        if any(x < 0 for x in v):
-            raise ValueError("values must not be negative")
-        return v
-
-
-class Params(_Model):
+class Params(Section):
     """A whole deployment."""
 
     name: str = Field(pattern=NAME_RE)
@@ -299,6 +232,12 @@ class Params(_Model):
             if n.name == name:
                 return n
         raise KeyError(f"no node named {name!r} (nodes: {', '.join(n.name for n in self.nodes)})")
+
+    @property
+    def serving_nodes(self) -> list[Node]:
+        """The nodes that run serving containers (Ray or vllm serve), in the parameters' order."""
+        names = self.serving.nodes
+        return list(self.nodes) if names is None else [n for n in self.nodes if n.name in names]
 
     @property
     def endpoint(self) -> str:
@@ -397,16 +336,51 @@ def _semantic_problems(p: Params) -> list[tuple[str, str]]:
         others = [o for o, w in ports.items() if w == v and o != k]
         if others and k < others[0]:
             problems.append((f"ports.{k}", f"port {v} is also ports.{others[0]}"))
-    s = p.serving
-    world = s.tensor_parallel_size * s.pipeline_parallel_size
-    gpus = sum(p.gpus_of(n) for n in p.nodes)
-    if gpus and world > gpus:
-        problems.append(("serving.tensor_parallel_size",
-                         f"tensor x pipeline parallel = {world} exceeds the {gpus} GPUs of the nodes"))
+    problems += _serving_problems(p)
     if p.runtime.kind == "docker" and not p.runtime.image:
         problems.append(("runtime.image", "required when runtime.kind is 'docker'"))
     if p.runtime.kind == "venv" and not p.runtime.venv:
         problems.append(("runtime.venv", "required when runtime.kind is 'venv'"))
+    return problems
+
+
+def _serving_problems(p: Params) -> list[tuple[str, str]]:
+    """The serving nodes, their GPUs, the parallel sizes and the executor against each other."""
+    s, problems = p.serving, []
+    names = {n.name for n in p.nodes}
+    for i, name in enumerate(s.nodes or []):
+        if name not in names:
+            problems.append((f"serving.nodes[{i}]", f"no node named {name!r} (nodes: {', '.join(sorted(names))})"))
+        elif s.nodes.index(name) != i:
+            problems.append((f"serving.nodes[{i}]", f"{name!r} is named twice"))
+    if s.nodes is not None and p.head.name not in s.nodes:
+        problems.append(("serving.nodes", f"must include the head {p.head.name!r}: the Ray head and "
+                         "vLLM's API run there"))
+    if problems:
+        return problems
+    serving = p.serving_nodes
+    gpus = [p.gpus_of(n) for n in serving]
+    world = s.tensor_parallel_size * s.pipeline_parallel_size
+    sizes = (f"tensor_parallel_size {s.tensor_parallel_size} x pipeline_parallel_size "
+             f"{s.pipeline_parallel_size} = {world} GPUs")
+    which = (f"the {len(serving)} serving nodes" + ("" if s.nodes else " (serving.nodes: all by default)")
+             + f" have {sum(gpus)} GPUs")
+    if len(serving) == 1 and sum(gpus) and world > sum(gpus):
+        problems.append(("serving.tensor_parallel_size", f"{sizes}, but {which}"))
+    elif len(serving) > 1 and sum(gpus) and world != sum(gpus):
+        fewer = [k for k in range(1, len(serving)) if sum(gpus[:k]) == world]
+        hint = (f"name {fewer[0]} node(s) in serving.nodes" if fewer
+                else "change the parallel sizes")
+        problems.append(("serving.tensor_parallel_size",
+                         f"{sizes}, but {which}: across nodes every serving GPU takes one rank ({hint}, "
+                         "or set pipeline_parallel_size to spread the layers)"))
+    if s.executor == "mp" and len(serving) > 1 and len(set(gpus)) > 1:
+        problems.append(("serving.executor", "mp puts the same number of ranks on every node, but the "
+                         "serving nodes' GPUs differ (" + ", ".join(f"{n.name} {g}" for n, g in zip(serving, gpus))
+                         + "): use ray, or serve on nodes with as many GPUs each"))
+    elif s.executor == "mp" and len(serving) > 1 and world % len(serving):
+        problems.append(("serving.executor", f"mp needs the world size ({world}) to divide evenly over "
+                         f"the {len(serving)} serving nodes (vLLM's --nnodes)"))
     return problems
 
 

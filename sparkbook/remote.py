@@ -202,6 +202,10 @@ class _Prefixer(io.TextIOBase):
         return len(s)
 
     def flush(self) -> None:
+        """Nothing: invoke flushes after every chunk it reads, which may end mid-line."""
+
+    def close(self) -> None:
+        """The command ended: a last line without its newline is written too."""
         if self.buf:
             self.write("\n")
 
@@ -350,7 +354,7 @@ def _run_one(node: Node, ssh: SSH, cmd: Command, timeout: float, env: Mapping[st
             watchdog.cancel()
         for s in (out, err):
             if s is not None:
-                s.flush()
+                s.close()
     if hung.is_set():  # whether the dropped connection raised or returned
         return Result(node.name, shown, None, duration=time.monotonic() - start, timed_out=True,
                       error=f"ssh {_target(node, conn)}: no answer within {opts['timeout']:.0f} s "

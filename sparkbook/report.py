@@ -12,6 +12,7 @@ from nbconvert.preprocessors import TagRemovePreprocessor
 
 from .errors import SparkbookError
 from .redact import mask
+from .verdict import Verdict, cell_html, is_node, nodes_label
 
 TEMPLATE = Path(__file__).parent / "templates" / "report" / "sparkbook_report.html.j2"
 # Cells tagged so keep their output in the report but not their code: the prose says enough.
@@ -56,14 +57,37 @@ def key_numbers(run_dir: Path) -> list[tuple[str, str]]:
 
 
 def commands(run_dir: Path) -> list[tuple[str, str, str]]:
-    """(step, node, command) of every check that names the command it ran."""
+    """(step, nodes, command) of every check that names the command it ran, a command run alike on
+    several nodes once (``all 8 nodes``)."""
     out = []
-    for step, verdict in _verdicts(run_dir):
-        for c in verdict.get("checks", []):
-            row = (step, c.get("node", ""), c.get("command", ""))
-            if row[2] and row not in out:
-                out.append(row)
+    for step, data in _verdicts(run_dir):
+        v = Verdict.from_json(data)
+        ran: dict[str, list[str]] = {}
+        for c in v.checks:
+            if c.command and (c.node or "all") not in ran.setdefault(c.command, []):
+                ran[c.command].append(c.node or "all")
+        out += [(step, nodes_label(nodes, v.nodes()), command) for command, nodes in ran.items()]
     return out
+
+
+def by_node(run_dir: Path, summary: dict) -> str:
+    """Each step's checks by node, a row per step: the worst status of each node's checks, and of
+    the checks on no one node (the cluster's, this machine's). Which node holds up a run, at a
+    glance; empty where no check names a node."""
+    found = [(step, Verdict.from_json(v)) for step, v in _verdicts(run_dir)]
+    nodes = list(dict.fromkeys(n for _, v in found for n in v.nodes()))
+    if not nodes:
+        return ""
+    anchors = {s["name"]: s["step"] for s in summary.get("steps", [])}
+    rows = []
+    for step, v in found:
+        cells = [[c for c in v.checks if c.node == n] for n in nodes]
+        cells.append([c for c in v.checks if not is_node(c.node)])
+        name = f"<a href='#step-{anchors[step]}'>{html.escape(step)}</a>" if step in anchors else html.escape(step)
+        rows.append(f"<tr><td>{name}</td>" + "".join(cell_html(cs) if cs else "<td></td>" for cs in cells) + "</tr>")
+    head = "".join(f"<th>{html.escape(n)}</th>" for n in ["step", *nodes, "cluster"])
+    return (f"<table class='sparkbook-summary sparkbook-by-node'><thead><tr>{head}</tr></thead>"
+            f"<tbody>{''.join(rows)}</tbody></table>\n")
 
 
 def build(run_dir: str | Path) -> Path:
@@ -75,6 +99,9 @@ def build(run_dir: str | Path) -> Path:
         raise SparkbookError(f"{run_dir}: not a run folder (summary.json: {e})") from None
     merged = nbformat.v4.new_notebook()
     merged.cells.append(_md(_index(summary)))
+    nodes = by_node(run_dir, summary)
+    if nodes:
+        merged.cells.append(_md("### By node\n\n" + nodes))
     numbers = key_numbers(run_dir)
     if numbers:
         merged.cells.append(_md("<table class='sparkbook-key-numbers'><tbody>" + "".join(

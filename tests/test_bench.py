@@ -15,7 +15,8 @@ from fake_openai import FakeOpenAI
 from sparkbook import endpoint, notebook
 from sparkbook.bench import checks, client, load, plots, records
 from sparkbook.errors import SparkbookError
-from sparkbook.params import Benchmark, Reference, validate
+from sparkbook.params import validate
+from sparkbook.settings import Benchmark, Reference
 from sparkbook.steps import benchmark as step
 from sparkbook.verdict import FAIL, PASS, SKIP, WARN, Verdict
 

@@ -1,8 +1,11 @@
 """Image and model distribution: the layer-skipping stream offline (synthetic archives in both
-layouts), the node scripts run here (a stand-in docker, rsync to a local folder), 03's outcome;
-then on the lab: head-only image to every node, the update path, drift, an interrupted copy, and
-the model sync."""
+layouts), the node scripts run here (a stand-in docker, rsync to a local folder), one read feeding
+workers through relays (workers as local folders behind a stand-in SSH), 03's outcome; then on the
+lab: head-only image to every node, the update path, relayed copies (4 nodes), drift, an
+interrupted copy, and the model sync."""
 
+import base64
+import gzip
 import hashlib
 import io
 import json
@@ -10,23 +13,28 @@ import os
 import random
 import re
 import subprocess
+import sys
 import tarfile
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from sparkbook.distribution import image
 from sparkbook.distribution.image import (ImageOutcome, NodeImage, Survey, Transfer, distribute_image,
-                                          ensure_image, image_checks, parse_survey, survey_script)
+                                          ensure_image, image_checks, parse_survey, relay_plan, survey_script)
 from sparkbook.distribution.model import (ModelCopy, ModelOutcome, manifests, model_checks, sync_model,
                                           sync_script)
 from sparkbook.lab import faults
 from sparkbook.lab.lab import docker
-from sparkbook.params import load
-from sparkbook.remote import script
+from sparkbook.lab.nodes import lab_params, params_file
+from sparkbook.params import load, validate
+from sparkbook.remote import REMOTE_DIR, SCRIPTS, script
 from sparkbook.runner import run
-from sparkbook.scripts.imagestream import Layers, chain_ids, split, v1_ids
+from sparkbook.scripts.imagestream import Layers, carried, chain_ids, split, v1_ids
+from sparkbook.scripts.layerstore import expected_bytes
 from sparkbook.steps import distribute as step
 from sparkbook.verdict import FAIL
 
@@ -74,9 +82,9 @@ class FakeSink:
             return {m.name: t.extractfile(m).read() if m.isfile() else None for m in t.getmembers()}
 
 
-def legacy_archive(diff_ids, top_folder="f" * 64, fmt=tarfile.USTAR_FORMAT):
+def legacy_archive(diff_ids, top_folder="f" * 64, fmt=tarfile.USTAR_FORMAT, scale=1):
     """An archive laid out like `docker save` before Docker 25: a folder per layer, each with
-    VERSION, json (naming its parent) and layer.tar."""
+    VERSION, json (naming its parent) and layer.tar (layer i: (3000 + 1000 i) x ``scale`` bytes)."""
     folders = [v.split(":")[1] for v in v1_ids(diff_ids)] + [top_folder]
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=fmt) as t:
@@ -88,7 +96,7 @@ def legacy_archive(diff_ids, top_folder="f" * 64, fmt=tarfile.USTAR_FORMAT):
             add(f"{folder}/VERSION", b"1.0")
             meta = {"id": folder, **({"parent": folders[i - 1]} if i else {})}
             add(f"{folder}/json", json.dumps(meta).encode())
-            add(f"{folder}/layer.tar", bytes([65 + i]) * (3000 + 1000 * i))
+            add(f"{folder}/layer.tar", bytes([65 + i]) * (3000 + 1000 * i) * scale)
         add("manifest.json", json.dumps([{"Layers": [f"{f}/layer.tar" for f in folders]}]).encode())
     return buf.getvalue()
 
@@ -284,8 +292,9 @@ def test_distribution_outcome_keeps_todays_file_and_key_number(tmp_path):
     checks = step.checks(params, outcome)
     assert not failures(checks)
     assert [(c.check, c.node) for c in checks] == [("image ID", "spark-1"), ("image ID", "spark-2"),
+                                                   ("model from the hub", "spark-1"),  # skipped: source head
                                                    ("model on the head", "spark-1"), ("model files", "spark-2")]
-    assert "3 layer(s) already there" in checks[1].observed and checks[3].observed == "copied 1 differing file(s)"
+    assert "3 layer(s) already there" in checks[1].observed and checks[4].observed == "copied 1 differing file(s)"
     assert step.table(outcome).rows == [
         ["spark-1", "1" * 12, "yes", "20.10.24", "classic (overlay2)", "3 of 3", "no"],
         ["spark-2", "2" * 12, "no", "20.10.24", "classic (overlay2)", "2 of 3", "no"]]
@@ -307,12 +316,278 @@ def test_a_failed_copy_fails_with_the_command_and_the_remedy():
     assert bad[1].command.startswith("bash sparkbook/scripts/model_sync.sh")
 
 
+# ------------------------------------------------------------------- one read, relayed beyond parallel
+
+@pytest.mark.parametrize("n, parallel, expected", [
+    (1, 1, {"h": ["w1"]}),
+    (1, 2, {"h": ["w1"]}),
+    (1, 4, {"h": ["w1"]}),
+    (3, 1, {"h": ["w1"], "w1": ["w2"], "w2": ["w3"]}),
+    (3, 2, {"h": ["w1", "w2"], "w1": ["w3"]}),
+    (3, 4, {"h": ["w1", "w2", "w3"]}),
+    (7, 1, {"h": ["w1"], **{f"w{i}": [f"w{i + 1}"] for i in range(1, 7)}}),
+    (7, 2, {"h": ["w1", "w2"], "w1": ["w3", "w5"], "w2": ["w4", "w6"], "w3": ["w7"]}),
+    (7, 4, {"h": ["w1", "w2", "w3", "w4"], "w1": ["w5"], "w2": ["w6"], "w3": ["w7"]}),
+])
+def test_relay_plan_feeds_every_worker_once_and_no_one_more_than_parallel(n, parallel, expected):
+    workers = [f"w{i}" for i in range(1, n + 1)]
+    plan = relay_plan("h", workers, parallel)
+    assert plan == expected
+    assert sorted(w for fed in plan.values() for w in fed) == workers
+
+
+def test_a_relays_stream_carries_what_any_worker_behind_it_lacks():
+    """What reaches each worker through a relay is what the head would have sent it directly."""
+    chains = chain_ids(DIFF_IDS)
+    relay = {"name": "r", "have": chains[:2], "feeds": [{"name": "a", "have": chains[:1]},
+                                                        {"name": "b", "have": chains}]}
+    assert carried(relay) == {chains[0]}
+    assert carried({"name": "x", "have": chains, "feeds": [relay]}) == {chains[0]}
+    assert carried({"name": "y", "have": chains[:2], "feeds": [{"name": "z"}]}) == set()
+    archive = legacy_archive(DIFF_IDS)
+    into_relay = FakeSink("r", carried(relay))
+    split(io.BytesIO(archive), Layers(DIFF_IDS), [into_relay])
+    assert into_relay.layers_skipped == 1
+    at_relay = [FakeSink(w["name"], w["have"]) for w in (relay, *relay["feeds"])]
+    split(io.BytesIO(into_relay.out.getvalue()), Layers(DIFF_IDS), at_relay)
+    for sink in at_relay:
+        direct = FakeSink("direct", sink.have)
+        split(io.BytesIO(archive), Layers(DIFF_IDS), [direct])
+        assert sink.out.getvalue() == direct.out.getvalue(), sink.name
+    assert [s.layers_skipped for s in at_relay] == [1, 0, 2]  # b's three less the one never carried
+
+
+def test_the_layer_store_rebuilds_a_layer_byte_for_byte(tmp_path):
+    """layerstore.py on a synthetic overlay2 store: the layer's tar from its tar-split record and
+    its folder's files, then the config and a manifest naming the tag."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as t:
+        info = tarfile.TarInfo("etc/a b.txt")
+        info.size = 1000
+        t.addfile(info, io.BytesIO(b"x" * 1000))
+    layer = buf.getvalue()
+    diff = "sha256:" + hashlib.sha256(layer).hexdigest()
+    config = json.dumps({"rootfs": {"type": "layers", "diff_ids": [diff]}}).encode()
+    ident = hashlib.sha256(config).hexdigest()
+    base = tmp_path / "image" / "overlay2"
+    (base / "imagedb" / "content" / "sha256").mkdir(parents=True)
+    (base / "imagedb" / "content" / "sha256" / ident).write_bytes(config)
+    layerdb = base / "layerdb" / "sha256" / diff.split(":")[1]
+    layerdb.mkdir(parents=True)
+    (layerdb / "cache-id").write_text("cache1")
+    (layerdb / "size").write_text("1000")
+    seg = lambda data: json.dumps({"type": 2, "payload": base64.b64encode(data).decode()})
+    with gzip.open(layerdb / "tar-split.json.gz", "wt") as f:
+        f.write("\n".join([seg(layer[:512]), json.dumps({"type": 1, "name": "etc/a b.txt", "size": 1000}),
+                           seg(layer[1512:])]) + "\n")
+    (tmp_path / "overlay2" / "cache1" / "diff" / "etc").mkdir(parents=True)
+    (tmp_path / "overlay2" / "cache1" / "diff" / "etc" / "a b.txt").write_bytes(b"x" * 1000)
+    job = {"root": str(tmp_path), "driver": "overlay2", "image_id": "sha256:" + ident, "tag": "app:1",
+           "need": [diff]}
+    out = subprocess.run([sys.executable, str(SCRIPTS / "layerstore.py"), json.dumps(job)], capture_output=True)
+    assert out.returncode == 0, out.stderr
+    with tarfile.open(fileobj=io.BytesIO(out.stdout)) as t:
+        got = {m.name: t.extractfile(m).read() for m in t.getmembers()}
+    assert got["blobs/sha256/" + diff.split(":")[1]] == layer and got[ident + ".json"] == config
+    assert json.loads(got["manifest.json"])[0]["RepoTags"] == ["app:1"]
+    assert expected_bytes({"store": job}, [diff], 9999, set()) == 1000
+    assert expected_bytes({"store": job}, [diff], 9999, {diff}) == 0
+
+
+NODE_DOCKER = """#!/bin/sh
+# a stand-in docker on a "node" (a folder of this machine): the image's layers, `docker save` from a
+# file (its first $FAKE_CUT bytes, then failing, when set), `docker load` into loaded.tar of the
+# folder (failing where the folder holds a file "full")
+case "$1" in
+  image) echo "$FAKE_LAYERS $FAKE_SIZE" ;;
+  save) if [ -n "${FAKE_CUT:-}" ]; then head -c "$FAKE_CUT" "$FAKE_ARCHIVE"; echo "Error: cut" >&2; exit 1; fi
+        cat "$FAKE_ARCHIVE" ;;
+  load) if [ -e full ]; then cat >/dev/null; echo "Error: no space left on device" >&2; exit 1; fi
+        cat > loaded.tar && echo "Loaded image: app:1" ;;
+  *) exit 1 ;;
+esac
+"""
+
+
+STAND_IN_SSH = """
+import os, subprocess, sys, threading
+# like ssh: runs the command (in the worker's folder) and passes stdin and output through itself,
+# so that killing it cuts both, as killing an ssh client does
+p = subprocess.Popen(["bash", "-c", sys.argv[2]], cwd=sys.argv[1], stdin=subprocess.PIPE,
+                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=0)
+def out():
+    while data := os.read(p.stdout.fileno(), 65536):
+        os.write(1, data)
+t = threading.Thread(target=out)
+t.start()
+try:
+    while data := os.read(0, 1 << 20):
+        p.stdin.write(data)
+except BrokenPipeError:
+    pass
+p.stdin.close()
+t.join()
+sys.exit(p.wait())
+"""
+
+
+class LocalHead:
+    """A cluster whose head is this machine: ``run_on`` runs the stream script from the package,
+    with the workers' SSH standing in as commands run in each worker's folder."""
+
+    def __init__(self, root: Path):
+        self.root, self.lines = root, []
+
+    def run_on(self, node, cmd, timeout=None, stream=None):
+        cmd = [sys.executable if c == "python3" else str(SCRIPTS / Path(c).name) if c.startswith(REMOTE_DIR)
+               else c for c in cmd]
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=self.root)
+        for line in p.stdout:
+            self.lines.append(line.rstrip())
+            stream.write(f"[{node.name}] {line}")
+        code = p.wait()
+        return SimpleNamespace(ok=code == 0, stdout="\n".join(self.lines), summary=lambda: f"exited {code}")
+
+
+@pytest.fixture
+def local_nodes(tmp_path, monkeypatch):
+    """Workers as folders of this machine, reached by a stand-in SSH (``down``: names it refuses)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(NODE_DOCKER)
+    (bin_dir / "docker").chmod(0o755)
+    archive = legacy_archive(DIFF_IDS, scale=2000)  # 24 MB
+    (tmp_path / "image.tar").write_bytes(archive)
+    for k, v in {"PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_LAYERS": json.dumps(DIFF_IDS),
+                 "FAKE_SIZE": str(len(archive)), "FAKE_ARCHIVE": str(tmp_path / "image.tar")}.items():
+        monkeypatch.setenv(k, v)
+    down = set()
+
+    def ssh(node):
+        (tmp_path / node.name).mkdir(exist_ok=True)
+        if node.name in down:
+            return ["bash", "-c", 'echo "ssh: connect to host $0 port 22: Connection refused" >&2; exit 255',
+                    node.name]
+        return [sys.executable, "-c", STAND_IN_SSH, str(tmp_path / node.name)]
+
+    monkeypatch.setattr(image, "peer_ssh", ssh)
+    return SimpleNamespace(root=tmp_path, archive=archive, down=down, head=LocalHead(tmp_path))
+
+
+def copy_locally(nodes_up: int, parallel: int, held: dict[str, int], local, compress=False):
+    """stream_from_head on a lab of ``nodes_up`` nodes whose workers are local folders; ``held``:
+    how many of the image's lower layers a worker holds."""
+    params = validate(lab_params(nodes_up))
+    params = params.model_copy(update={"distribution": params.distribution.model_copy(update={"parallel": parallel})})
+    chains = chain_ids(DIFF_IDS)
+    nodes = {params.head.name: NodeImage(params.head.name, "sha256:" + "1" * 64, 4321, "20.10.24", "overlay2",
+                                         layers=DIFF_IDS, chains=set(chains))}
+    for w in params.workers:
+        nodes[w.name] = NodeImage(w.name, None, None, "20.10.24", "overlay2", chains=set(chains[:held.get(w.name, 0)]))
+    transfers, read = image.stream_from_head(params, local.head, params.workers, nodes, compress, show=False)
+    return params, {t.node: t for t in transfers}, read
+
+
+def loaded(local, name):
+    return (local.root / name / "loaded.tar").read_bytes()
+
+
+def direct(local, held):
+    sink = FakeSink("direct", chain_ids(DIFF_IDS)[:held])
+    split(io.BytesIO(local.archive), Layers(DIFF_IDS), [sink])
+    return sink.out.getvalue()
+
+
+def test_one_read_feeds_seven_workers_through_relays(local_nodes):
+    held = {"spark-3": 2, "spark-4": 1, "spark-6": 3}
+    params, got, read = copy_locally(8, 2, held, local_nodes)
+    assert {n: t.via for n, t in got.items()} == {
+        "spark-2": "", "spark-3": "", "spark-4": "spark-2", "spark-5": "spark-3", "spark-6": "spark-2",
+        "spark-7": "spark-3", "spark-8": "spark-4"}
+    for w in params.workers:
+        t, h = got[w.name], held.get(w.name, 0)
+        assert t.error is None, t
+        assert loaded(local_nodes, w.name) == direct(local_nodes, h), w.name
+        assert t.sent == len(direct(local_nodes, h)) and t.layers_held == h and t.read_from == "docker save"
+        assert 0 < t.seconds
+    # spark-3 (2 layers held) relays to spark-5 and spark-7, which hold none: it gets every layer
+    assert got["spark-3"].wire == len(local_nodes.archive) > got["spark-3"].sent
+    # the head's process read the archive once (and its own start-up), not once per worker
+    assert len(local_nodes.archive) <= read < len(local_nodes.archive) + (8 << 20)
+    progress = {line.split()[1] for line in local_nodes.head.lines if line.startswith("PROGRESS")}
+    assert progress == {w.name for w in params.workers}
+
+
+def test_a_relay_that_fails_names_itself_and_the_workers_behind_it(local_nodes):
+    """head -> spark-2 -> spark-3 -> spark-4 (parallel 1): spark-2's Docker is full, and spark-3
+    cannot be reached from spark-2; spark-2's own failure does not stop the stream through it."""
+    (local_nodes.root / "spark-2").mkdir()
+    (local_nodes.root / "spark-2" / "full").touch()
+    local_nodes.down.add("spark-3")
+    params, got, _read = copy_locally(4, 1, {}, local_nodes)
+    assert got["spark-2"].error == "docker load on spark-2 exited 1: Error: no space left on device"
+    assert got["spark-3"].error == ("SSH from spark-2 to spark-3 failed: "
+                                    "ssh: connect to host spark-3 port 22: Connection refused")
+    assert got["spark-4"].error == ("not reached: the relay on spark-3 failed (SSH from spark-2 to spark-3 "
+                                    "failed: ssh: connect to host spark-3 port 22: Connection refused)")
+    assert (got["spark-3"].via, got["spark-4"].via) == ("spark-2", "spark-3")
+    out = ImageOutcome(params.runtime.image, "head", params.head.name, "sha256:" + "1" * 64,
+                       before={}, after={params.head.name: "sha256:" + "1" * 64},
+                       transfers=list(got.values()), errors={n: t.error for n, t in got.items()})
+    bad = {c.node: c for c in failures(image_checks(params, out))}
+    assert sorted(bad) == ["spark-2", "spark-3", "spark-4"]
+    assert "SSH from spark-2 to spark-3" in bad["spark-3"].remedy
+    assert bad["spark-4"].command.endswith(
+        f"| ssh spark-3 imagestream.py relay | ssh {params.node('spark-4').peer_target} docker load")
+
+    # with spark-3 reachable again, the chain delivers to the workers behind spark-2
+    (local_nodes.root / "spark-2" / "full").unlink()
+    local_nodes.down.clear()
+    _params, got, _read = copy_locally(4, 1, {"spark-4": 3}, local_nodes)
+    assert [t.error for t in got.values()] == [None, None, None]
+    assert loaded(local_nodes, "spark-4") == direct(local_nodes, 3)
+
+
+def test_a_failed_read_on_the_head_stops_every_worker_with_its_reason(local_nodes, monkeypatch):
+    monkeypatch.setenv("FAKE_CUT", str(len(local_nodes.archive) // 2))
+    _params, got, _read = copy_locally(4, 1, {}, local_nodes)
+    for t in got.values():  # the relays were stopped with the head's reason: not their failure
+        assert t.error == "the archive ends early (docker save: Error: cut)", t
+
+
+def test_compressed_relays_report_the_bytes_on_their_wire(local_nodes):
+    _params, got, _read = copy_locally(4, 1, {}, local_nodes, compress=True)
+    for name, t in got.items():
+        assert t.error is None and loaded(local_nodes, name) == local_nodes.archive
+        assert t.compressed and 0 < t.wire < t.sent / 10, t  # a relay's wire is what reached it
+
+
+def test_compression_is_chosen_for_the_streams_the_head_feeds_at_once():
+    """zstd -1 at 1500 MB/s outruns a 700 MB/s pipe for one stream, not for three at once."""
+    params = validate(lab_params(4))
+    probe = {"pipe_mb_s": {"spark-2": 700.0, "spark-3": 720.0, "spark-4": 710.0}, "zstd_mb_s": 1500.0}
+    cluster = SimpleNamespace(run_on=lambda *a, **k: SimpleNamespace(ok=True, stdout="PROBE " + json.dumps(probe)))
+    nodes = {n.name: NodeImage(n.name, zstd=True) for n in params.nodes}
+    for parallel, on in ((1, True), (4, False)):
+        p = params.model_copy(update={"distribution": params.distribution.model_copy(update={"parallel": parallel})})
+        chosen, found = image.choose_compression(p, cluster, nodes[p.head.name], p.workers, nodes)
+        assert chosen is on, found["decision"]
+    assert found["decision"] == "off: zstd -1 500 MB/s for each of 3 stream(s) <= SSH pipe 700 MB/s"
+
+
 # ------------------------------------------------------------------------------------- on the lab
 
-def on_image(params, image, compress="off", reader="auto"):
+@pytest.fixture(scope="module")
+def params(lab):
+    """The running lab's parameters: every node it has (2, or 4 for the relayed copies)."""
+    return lab.params()
+
+
+def on_image(params, image, compress="off", reader="auto", parallel=None):
     return params.model_copy(update={
         "runtime": params.runtime.model_copy(update={"image": image}),
-        "distribution": params.distribution.model_copy(update={"compress": compress, "reader": reader})})
+        "distribution": params.distribution.model_copy(update={
+            "compress": compress, "reader": reader, "parallel": parallel or params.distribution.parallel})})
 
 
 def build(lab, image, base, mb, name, tmp):
@@ -344,32 +619,100 @@ def small_images(lab, tmp_path_factory):
             docker(n, "rmi", i, check=False)
 
 
+def forget_small_images(lab):
+    for n in lab.nodes()[1:]:
+        for i in ("sparkbook-test/app:2", "sparkbook-test/app:1", "sparkbook-test/base:1"):
+            docker(n, "rmi", i, check=False)
+
+
+def size(lab, image):
+    return int(docker(lab.nodes()[0], "image", "inspect", "--format", "{{.Size}}", image).stdout)
+
+
 @pytest.mark.parametrize("reader", ["auto", "docker-save"])
 def test_head_only_image_reaches_every_node_then_an_update_sends_only_its_new_layer(
         lab, params, cluster, small_images, reader):
     v1, v2 = "sparkbook-test/app:1", "sparkbook-test/app:2"
-    worker = lab.nodes()[1]
-    for i in (v2, v1, "sparkbook-test/base:1"):
-        docker(worker, "rmi", i, check=False)
+    forget_small_images(lab)
     p1 = on_image(params, v1, reader=reader)
     out = distribute_image(p1, cluster, show=False)
     assert not failures(image_checks(p1, out))
     assert len(set(ids(lab, v1))) == 1 and None not in ids(lab, v1)
-    assert out.transfers[0].layers_held == 0
-    assert out.transfers[0].read_from == {"auto": "layer store", "docker-save": "docker save"}[reader]
+    assert [t.layers_held for t in out.transfers] == [0] * len(params.workers)
+    assert {t.read_from for t in out.transfers} == {{"auto": "layer store", "docker-save": "docker save"}[reader]}
+    archive = out.transfers[0].sent  # one read on the head, for every worker
+    assert archive <= out.read < archive + (8 << 20), (out.read, archive)
 
     p2 = on_image(params, v2, reader=reader)
-    head = lab.nodes()[0]
-    size = lambda i: int(docker(head, "image", "inspect", "--format", "{{.Size}}", i).stdout)
-    new_layer = size(v2) - size(v1)
+    new_layer = size(lab, v2) - size(lab, v1)
     out = distribute_image(p2, cluster, show=False)
     assert not failures(image_checks(p2, out))
     assert len(set(ids(lab, v2))) == 1
-    t = out.transfers[0]
-    assert t.layers_held == 2 and t.wire < 1.2 * new_layer, (t, new_layer)
+    for t in out.transfers:
+        assert t.layers_held == 2 and t.wire < 1.2 * new_layer, (t, new_layer)
 
     again = distribute_image(p2, cluster, show=False, say=lambda *_: None)
     assert again.transfers == [] and not failures(image_checks(p2, again))
+
+
+def needs_relays(params):
+    if len(params.workers) < 3:
+        pytest.skip("relayed copies need a lab of 4 nodes or more (sparkbook lab up --nodes 4)")
+
+
+def test_a_relayed_copy_reaches_every_worker_and_carries_only_what_they_lack(
+        lab, params, cluster, small_images):
+    """distribution.parallel 1: the head feeds spark-2, which relays to spark-3, which relays to
+    spark-4 (and so on); one read on the head, each worker's progress and result reported."""
+    needs_relays(params)
+    v1, v2 = "sparkbook-test/app:1", "sparkbook-test/app:2"
+    forget_small_images(lab)
+    p1 = on_image(params, v1, parallel=1)
+    out = distribute_image(p1, cluster, show=False, say=lambda *_: None)
+    assert not failures(image_checks(p1, out))
+    assert len(set(ids(lab, v1))) == 1 and None not in ids(lab, v1)
+    names = [w.name for w in params.workers]
+    assert [t.via for t in out.transfers] == [""] + names[:-1]
+    archive = out.transfers[0].sent
+    assert all(t.layers_held == 0 and t.sent == archive and t.seconds > 0 for t in out.transfers)
+    assert archive <= out.read < archive + (8 << 20), (out.read, archive)
+
+    p2 = on_image(params, v2, parallel=1)
+    new_layer = size(lab, v2) - size(lab, v1)
+    out = distribute_image(p2, cluster, show=False, say=lambda *_: None)
+    assert not failures(image_checks(p2, out)) and len(set(ids(lab, v2))) == 1
+    for t in out.transfers:  # every relay's stream carried only the new layer
+        assert t.layers_held == 2 and t.wire < 1.2 * new_layer, (t, new_layer)
+
+
+def test_a_relay_that_cannot_reach_its_worker_names_itself_and_the_workers_behind_it(
+        lab, params, cluster, small_images):
+    """spark-2 relays to spark-3 but does not know its host key: spark-2 gets the image; spark-3
+    and the workers behind it fail, naming the relay; once healed, a rerun completes."""
+    needs_relays(params)
+    relay, lost, *behind = params.workers
+    v1 = "sparkbook-test/app:1"
+    forget_small_images(lab)
+    known = next(n for n in lab.nodes() if n.name == relay.name).dir / "ssh" / "known_hosts"
+    saved = known.read_text()
+    known.write_text("".join(line for line in saved.splitlines(keepends=True)
+                             if lost.name not in line.split()[0].split(",")))
+    p = on_image(params, v1, parallel=1)
+    try:
+        out = distribute_image(p, cluster, show=False, say=lambda *_: None)
+    finally:
+        known.write_text(saved)
+    bad = {c.node: c for c in failures(image_checks(p, out))}
+    assert sorted(bad) == sorted(w.name for w in (lost, *behind))
+    assert bad[lost.name].observed.startswith(f"SSH from {relay.name} to {lost.name} failed")
+    assert f"SSH from {relay.name} to {lost.name}" in bad[lost.name].remedy
+    for w in behind:
+        assert bad[w.name].observed.startswith("not reached: the relay on "), bad[w.name].observed
+    assert f"the relay on {lost.name} failed (SSH from {relay.name}" in bad[behind[0].name].observed
+    assert ids(lab, v1)[1] is not None and ids(lab, v1)[2:] == [None] * (len(params.workers) - 1)
+
+    out = distribute_image(p, cluster, show=False, say=lambda *_: None)
+    assert not failures(image_checks(p, out)) and len(set(ids(lab, v1))) == 1
 
 
 def test_layer_store_read_in_a_container_of_the_image(lab, params, cluster, small_images):
@@ -381,9 +724,9 @@ def test_layer_store_read_in_a_container_of_the_image(lab, params, cluster, smal
         p = on_image(params, nxt, reader="container")
         out = distribute_image(p, cluster, show=False, say=lambda *_: None)
         assert not failures(image_checks(p, out))
-        t = out.transfers[0]
-        assert t.read_from == "layer store (read in a container)" and t.layers_held == 3
-        assert t.wire < 1.2 * (1 << 20) + 64 * 1024
+        for t in out.transfers:
+            assert t.read_from == "layer store (read in a container)" and t.layers_held == 3
+            assert t.wire < 1.2 * (1 << 20) + 64 * 1024
         # an image without python3 cannot read it: docker save then
         toy = on_image(params, "sparkbook-test/app:1", reader="container")
         for n in lab.nodes()[1:]:
@@ -397,10 +740,12 @@ def test_layer_store_read_in_a_container_of_the_image(lab, params, cluster, smal
 
 def test_interrupted_copy_leaves_no_image_under_the_tag_and_a_rerun_completes(
         lab, params, cluster, small_images):
-    head, worker = lab.nodes()
+    head, worker = lab.nodes()[:2]
     image = "sparkbook-test/big:1"
     build(lab, image, "sparkbook-test/base:1", 48, "big.bin", small_images)
     p = on_image(params, image)
+    ensure_image(p, cluster, say=lambda *_: None)  # every other worker holds it: only one copy to cut
+    docker(worker, "rmi", image)
     faults.apply(lab, "slow-link", node=worker.name, rate="40mbit")  # about 5 MB/s: time to cut it
     try:
         box = {}
@@ -431,7 +776,7 @@ def test_drifted_image_and_model_are_found_fixed_and_verified_by_the_notebook(
     faults.apply(lab, "image-drift")
     faults.apply(lab, "model-drift")
     try:
-        summary = run(LAB, steps="03", out=tmp_path, report=False)
+        summary = run(params_file(len(lab.nodes())), steps="03", out=tmp_path, report=False)
         assert summary["status"] == "passed", summary
         data = json.loads((tmp_path / "distribution.json").read_text())
         worker = params.workers[0].name

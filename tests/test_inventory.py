@@ -125,6 +125,7 @@ def _params_for(ssh_nodes, tmp_path, extra_nodes=()):
     data.update(name="sshtest", nodes=nodes, ssh={"known_hosts": [str(ssh_nodes.known_hosts)],
                                                   "connect_timeout": 3})
     data["expectations"] = {"gpus_per_node": 1, "gpu_name": "NVIDIA GB10"}
+    data["serving"]["nodes"] = [nodes[0]["name"]]  # TP 1: one node serves
     path = tmp_path / "sshtest.yaml"
     path.write_text(yaml.safe_dump(data))
     return path

@@ -145,10 +145,13 @@ def _observe(cluster, params, kind):
     if kind == "slow-link":
         out = run_ok(cluster, "tc qdisc show dev enp1s0f1np1", ["spark-2"])["spark-2"].stdout
         return " tbf " in f" {out} " and "rate 200Mbit" in out
+    if kind == "firewall":
+        out = run_ok(cluster, "iptables -S INPUT", ["spark-2"])["spark-2"].stdout
+        return f"--dport {params.ports.ray}" in out and "sparkbook-lab firewall" in out
 
 
 @pytest.mark.parametrize("kind", ["node-down", "mtu", "rail-down", "docker-down", "port-busy",
-                                  "image-drift", "model-drift", "slow-link"])
+                                  "image-drift", "model-drift", "slow-link", "firewall"])
 def test_fault_is_observable_and_heal_undoes_it(lab, cluster, params, kind):
     assert not _observe(cluster, params, kind), "the fault shows before it is applied"
     rec = faults.apply(lab, kind)

@@ -36,3 +36,14 @@ def test_a_path_that_looks_like_an_option_is_a_path(tmp_path):
     finally:
         os.chdir(old)
     assert set(m) == {"config.json"}
+
+
+def test_the_manifest_leaves_out_the_downloads_bookkeeping(tmp_path):
+    model = tmp_path / "m"
+    (model / ".cache" / "huggingface" / "sparkbook").mkdir(parents=True)
+    (model / ".cache" / "huggingface" / "sparkbook" / "x.incomplete").write_bytes(b"partial")
+    (model / ".cache" / "other.json").write_text("{}")
+    (model / "config.json").write_text("{}")
+    for hash_all in (True, False):
+        m = parse_manifest(_run(manifest_script(str(model), hash_all)))
+        assert set(m) == {"config.json", ".cache/other.json"} and m["config.json"]["sha256"]

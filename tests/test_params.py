@@ -6,7 +6,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sparkbook.lab import lab_params
 from sparkbook.params import ParamsError, load, validate
+from sparkbook.serving.commands import serve_args
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = sorted((ROOT / "parameters").glob("*.yaml"))
@@ -91,7 +93,7 @@ def test_cross_field_problems():
     assert "also nodes[0].rails[1].ip" in got["nodes[1].rails[1].ip"]
     assert "duplicate" in got["nodes[1].name"]
     assert "ports.ray" in got["ports.api"]
-    assert "exceeds the 2 GPUs" in got["serving.tensor_parallel_size"]
+    assert "= 4 GPUs, but the 2 serving nodes" in got["serving.tensor_parallel_size"]
 
 
 def test_rails_of_one_node_need_their_own_subnets():
@@ -145,3 +147,61 @@ def test_nothing_is_mutated_by_validation():
     before = copy.deepcopy(d)
     validate(d)
     assert d == before
+
+
+def test_four_nodes_serving_a_world_of_two_is_refused_naming_the_fields_and_the_fix():
+    """What a new user met: a 4-node lab with TP 2 passed --nnodes 4 for a world size of 2."""
+    d = lab_params(4)
+    d["serving"]["pipeline_parallel_size"] = 1
+    msg = problems(d)["serving.tensor_parallel_size"]
+    assert "tensor_parallel_size 2 x pipeline_parallel_size 1 = 2 GPUs" in msg
+    assert "the 4 serving nodes (serving.nodes: all by default) have 4 GPUs" in msg
+    assert "name 2 node(s) in serving.nodes" in msg
+
+
+def test_serving_nodes_must_exist_once_and_include_the_head():
+    d = lab_params(4)
+    d["serving"]["nodes"] = ["spark-2", "spark-9", "spark-2"]
+    got = problems(d)
+    assert "no node named 'spark-9'" in got["serving.nodes[1]"]
+    assert "named twice" in got["serving.nodes[2]"]
+    assert "must include the head 'spark-1'" in got["serving.nodes"]
+
+
+def test_a_subset_serves_and_only_it_counts_for_the_parallel_sizes():
+    d = lab_params(8)
+    d["serving"]["nodes"] = ["spark-1", "spark-5"]
+    d["serving"]["pipeline_parallel_size"] = 1
+    p = validate(d)
+    assert [n.name for n in p.serving_nodes] == ["spark-1", "spark-5"] and len(p.nodes) == 8
+    d["serving"]["nodes"].append("spark-6")
+    assert "the 3 serving nodes have 3 GPUs" in problems(d)["serving.tensor_parallel_size"]
+
+
+def test_mp_needs_as_many_gpus_on_every_serving_node():
+    d = lab_params(2)
+    d["serving"]["executor"] = "mp"
+    d["serving"]["tensor_parallel_size"] = 3
+    d["nodes"][1]["gpus"] = 2
+    got = problems(d)
+    assert "spark-1 1, spark-2 2" in got["serving.executor"]
+    d["serving"]["executor"] = "ray"
+    validate(d)  # Ray places ranks by the GPUs each node advertises
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8])
+def test_every_lab_size_gets_parameters_that_validate_and_fill_its_serving_nodes(n):
+    p = validate(lab_params(n))
+    s = p.serving
+    assert s.tensor_parallel_size * s.pipeline_parallel_size == len(p.serving_nodes) <= 4
+    assert p.serving_nodes == p.nodes[:len(p.serving_nodes)] and p.head in p.serving_nodes
+
+
+def test_mp_ranks_count_only_the_serving_nodes():
+    d = lab_params(8)
+    d["serving"]["executor"] = "mp"
+    p = validate(d)
+    args = [serve_args(p, n) for n in p.serving_nodes]
+    ranks = [a[a.index("--node-rank") + 1] for a in args]
+    assert ranks == ["0", "1", "2", "3"] and all(a[a.index("--nnodes") + 1] == "4" for a in args)
+    assert ["--headless" in a for a in args] == [False, True, True, True]

@@ -1,9 +1,11 @@
 """Preflight: what each node is asked (values as arguments), a report parsed from real DGX Spark
-outputs and its checks, the scripts and the step on this machine, the CLI; and on the lab: healthy
-passes, each fault fails the right check on the right node with a remedy, a healed lab passes
-again."""
+outputs and its checks, the fabric's layout, the TCP probes of the serving ports, the scripts and
+the step on this machine, the CLI; and on the lab: healthy passes, each fault fails the right check
+on the right node with a remedy, a healed lab passes again."""
 
 import json
+import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -15,10 +17,13 @@ from sparkbook import preflight
 from sparkbook.cli import main
 from sparkbook.lab import faults
 from sparkbook.params import validate
+from sparkbook.preflight import tcp
 from sparkbook.preflight.collect import STALE, node_bundle, parse
-from sparkbook.remote import Cluster
+from sparkbook.preflight.layout import MIXED, PAIR, RING, SWITCH, classify
+from sparkbook.remote import Cluster, Result
+from sparkbook.scripts import tcp_ports
 from sparkbook.steps import preflight as step
-from sparkbook.verdict import FAIL
+from sparkbook.verdict import FAIL, PASS, WARN
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = ROOT / "parameters" / "lab.yaml"
@@ -126,6 +131,194 @@ def test_a_port_down_names_its_interface_in_the_remedy():
     assert all(c.status == FAIL for c in rows)
 
 
+# ------------------------------------------------------------------ the fabric's layout, TCP ports
+
+def fabric(*rails):
+    """Parameters of len(rails) nodes a, b, c...: each node's rails as "10.0.X.Y/P" (interfaces r0,
+    r1...), tensor parallel across all of them."""
+    data = yaml.safe_load(LAB.read_text())
+    first = data["nodes"][0]
+    data["nodes"] = [{**first, "name": "abcdefgh"[i], "host": f"10.9.0.{i + 1}", "role": "head" if i == 0 else "worker",
+                      "rails": [{"interface": f"r{r}", "ip": a.split("/")[0], "prefix": int(a.split("/")[1])}
+                                for r, a in enumerate(node)]}
+                     for i, node in enumerate(rails)]
+    data["serving"]["tensor_parallel_size"] = len(rails)
+    return validate(data)
+
+
+def switch(n):
+    """n nodes, two rails each, every rail's subnet holding them all (the lab's addressing)."""
+    return fabric(*([f"10.77.1.{10 + i}/24", f"10.77.2.{10 + i}/24"] for i in range(1, n + 1)))
+
+
+def ring(n):
+    """n Sparks cabled in a ring: node i's second rail to node i+1's first, each cable's two ends
+    on a /30 of their own."""
+    return fabric(*([f"10.0.{i + 1}.1/30", f"10.0.{(i + 1) % n + 1}.2/30"] for i in range(n)))
+
+
+def reports(params, ping_ok=lambda node, peer: True, tcp_report=None):
+    """A report per node of ``params`` with every ping it is sent answered as ``ping_ok`` says."""
+    names = {str(r.ip): n.name for n in params.nodes for r in n.rails}
+    out = {}
+    for node in params.nodes:
+        args = dict(node_bundle(params, node).parts)["ping"].args[1:]
+        report = parse("@@ smi\nnvidia-smi unavailable")
+        report["ping"] = [{"interface": i, "peer": a, "ok": ping_ok(node.name, names[a])}
+                          for i, a in zip(args[::2], args[1::2])]
+        report["tcp"] = tcp_report(node) if tcp_report else None
+        out[node.name] = report
+    return preflight.Preflight(out, {}, {n.name: n.role for n in params.nodes})
+
+
+def test_the_layout_the_rails_draw():
+    assert (classify(lab_params()).kind, str(classify(lab_params()))) == (PAIR, "direct pair, 2 nodes, 2 rails")
+    assert str(classify(switch(4))) == "switch, 4 nodes, 2 rails" and classify(switch(8)).kind == SWITCH
+    assert classify(ring(3)).kind == classify(ring(4)).kind == RING
+    assert str(classify(ring(4))) == "ring/mesh (unsupported), 4 nodes, 2 rails"
+    # one node's first rail on a subnet of its own: no layout
+    assert classify(fabric(["10.0.1.1/24"], ["10.0.1.2/24"], ["10.0.7.3/24"])).kind == MIXED
+    assert classify(fabric(["10.0.1.1/24"], ["10.0.2.2/24"])).kind == MIXED
+    assert classify(fabric(["10.0.1.1/24"])).kind == ""
+
+
+def test_each_rail_pings_the_peers_on_its_subnet():
+    """On a switch, every peer's same rail; in a ring, the other end of each cable only."""
+    ping = dict(node_bundle(switch(4), switch(4).nodes[0]).parts)["ping"].args
+    assert ping[1:] == ("r0", "10.77.1.12", "r0", "10.77.1.13", "r0", "10.77.1.14",
+                        "r1", "10.77.2.12", "r1", "10.77.2.13", "r1", "10.77.2.14")
+    three = ring(3)
+    assert dict(node_bundle(three, three.nodes[0]).parts)["ping"].args[1:] == ("r0", "10.0.1.2", "r1", "10.0.2.1")
+
+
+def layout_row(params, pf):
+    return [c for c in step.checks(params, pf) if c.check == "fabric layout"]
+
+
+def test_the_layout_check_one_row():
+    params = switch(4)
+    [row] = layout_row(params, reports(params))
+    assert (row.node, row.status, row.observed) == ("all", PASS, "switch, 4 nodes, 2 rails (10.77.1.0/24, 10.77.2.0/24)")
+    # pings lost between two nodes: the switch is not confirmed (the path mtu rows FAIL)
+    pf = reports(params, lambda node, peer: {node, peer} != {"a", "c"})
+    [row] = layout_row(params, pf)
+    assert row.status == WARN and "not confirmed: 4 of 24 rail pings unanswered" in row.observed
+    # a ring: named unsupported, not failed; its pings reach the cables' other ends
+    three = ring(3)
+    [row] = layout_row(three, reports(three))
+    assert row.status == WARN and row.observed.startswith("ring/mesh (unsupported), 3 nodes, 2 rails: 10.0.1.0/30: a, c")
+    assert "switch" in row.remedy
+    assert not [c for c in step.checks(three, reports(three)) if c.status == FAIL and c.check in ("fabric layout", "path mtu")]
+    mixed = fabric(["10.0.1.1/24"], ["10.0.1.2/24"], ["10.0.7.3/24"])
+    [row] = layout_row(mixed, reports(mixed))
+    assert row.status == FAIL and "10.0.7.0/24: c" in row.observed and row.remedy
+    assert layout_row(fabric(["10.0.1.1/24"]), reports(fabric(["10.0.1.1/24"]))) == []
+
+
+def test_path_mtu_is_one_row_per_rail_naming_the_silent_peers():
+    params = switch(8)
+    pf = reports(params, lambda node, peer: peer != "e")
+    rows = [c for c in step.checks(params, pf) if c.check == "path mtu"]
+    assert len(rows) == 8 * 2
+    a = [c for c in rows if c.node == "a"]
+    assert [c.status for c in a] == [FAIL, FAIL]
+    assert a[0].observed == "r0 → e (10.77.1.15): no reply (6 of 7 peers answered)"
+    assert a[0].command == "ping -M do -s 8972 -I r0 10.77.1.15"
+    e = [c for c in rows if c.node == "e"]
+    assert [(c.status, c.observed) for c in e] == [(PASS, "r0 → 7 peers: ok"), (PASS, "r1 → 7 peers: ok")]
+
+
+def test_the_gathered_layout_is_a_key_number():
+    assert preflight.Preflight({}, layout="switch, 4 nodes, 2 rails").key_numbers() == [("layout", "switch, 4 nodes, 2 rails")]
+    assert preflight.Preflight({}).key_numbers() == []
+
+
+def test_the_tcp_probe_each_node_runs():
+    params = switch(3)
+    a, b, c = params.nodes
+    cmd = tcp.command(params, b, params.nodes)
+    assert cmd[:3] == ["python3", "-c", tcp.SCRIPT.read_text()]  # the file's text: no value in it
+    assert json.loads(cmd[3]) == {"address": "10.77.1.12", "ports": [6379, 29501, 29502, 8000],
+                                  "timeout": tcp.TIMEOUT_S, "window": tcp.WINDOW_S,
+                                  "peers": [["a", "10.77.1.11"], ["c", "10.77.1.13"]]}
+    data = params.model_dump(mode="json")
+    data["collectives"]["master_port"] = 8000
+    assert tcp.serving_ports(validate(data)) == {6379: "ray", 29501: "master", 8000: "all-reduce/api"}
+
+
+def test_the_tcp_probe_output_parsed():
+    out = {"listen": {"6379": "listening"}, "accepted": {"6379": 1}, "probes": 2,
+           "failed": [{"peer": "b", "address": "10.77.1.12", "port": 6379, "seen": "timeout"}]}
+    assert tcp.parse(Result("a", "python3 ...", 0, "noise\n" + json.dumps(out) + "\n")) == out
+    assert tcp.parse(Result("a", "python3 ...", 127, "", "bash: python3: command not found")) == {
+        "error": "exit code 127: bash: python3: command not found"}
+    assert tcp.parse(Result("a", "python3 ...", None, error="ssh a: connection timed out")) == {
+        "error": "ssh a: connection timed out"}
+    assert tcp.parse(Result("a", "python3 ...", 0, "[1]")) == {"error": "exit code 0: [1]"}
+
+
+def tcp_rows(params, pf):
+    return [c for c in step.checks(params, pf) if c.check == "tcp ports"]
+
+
+def test_tcp_checks_one_row_per_node_and_a_fail_per_blocked_port():
+    params = switch(3)
+
+    def report(node):  # b drops the Ray port: a and c see their connections time out
+        failed = [] if node.name == "b" else [
+            {"peer": "b", "address": "10.77.1.12", "port": 6379, "seen": "timeout"}]
+        return {"listen": {}, "accepted": {}, "probes": 8, "failed": failed}
+
+    rows = tcp_rows(params, reports(params, tcp_report=report))
+    assert [(c.node, c.status) for c in rows] == [("a", PASS), ("b", FAIL), ("b", FAIL), ("c", PASS)]
+    assert rows[0].observed == "ray 6379, master 29501, all-reduce 29502, api 8000 on 10.77.1.11: reached from 2 peers"
+    fail = rows[1]
+    assert fail.observed == ("a → b 10.77.1.12:6379 (ray): no answer within 2 s: dropped by a firewall (filtered)")
+    assert "sudo ufw allow from 10.77.1.0/24 to any port 6379 proto tcp" in fail.remedy and fail.remedy.startswith("on b")
+    assert fail.command.startswith("on a: timeout 2 bash -c '</dev/tcp/10.77.1.12/6379'")
+    assert rows[2].observed.startswith("c → b 10.77.1.12:6379 (ray): ")
+
+    # refused where b could not listen; a node whose probe could not run: a WARN, not a FAIL
+    def report2(node):
+        if node.name == "c":
+            return {"error": "exit code 127: bash: python3: command not found"}
+        failed = [] if node.name == "b" else [
+            {"peer": "b", "address": "10.77.1.12", "port": 8000, "seen": "refused"}]
+        return {"listen": {"8000": "error: Cannot assign requested address"}, "probes": 8, "failed": failed}
+
+    rows = tcp_rows(params, reports(params, tcp_report=report2))
+    assert [(c.node, c.status) for c in rows] == [("c", WARN), ("a", PASS), ("b", FAIL), ("c", PASS)]
+    assert rows[1].observed.endswith("reached from 1 peer") and rows[3].observed.endswith("from 2 peers")
+    assert rows[2].observed.endswith("refused: rejected by a firewall, or nothing listens there "
+                                     "(b could not listen there: error: Cannot assign requested address)")
+    assert tcp_rows(params, reports(params)) == []  # not probed (one node, or a ring)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_tcp_probe_script_stops_at_its_deadline():
+    """Nothing listens at the peer's address: refused after the window; a port taken by another
+    program is reported busy; the script exits by its deadline all the same."""
+    taken, port = socket.socket(), free_port()
+    taken.bind(("127.0.0.1", port))
+    taken.listen()
+    free = free_port()
+    try:
+        start = time.monotonic()
+        out = tcp_ports.main({"address": "127.0.0.1", "ports": [port, free], "timeout": 0.5, "window": 0.5,
+                              "peers": [["ghost", "127.0.0.9"]]})
+        took = time.monotonic() - start
+    finally:
+        taken.close()
+    assert out["listen"] == {str(port): "busy", str(free): "listening"} and out["accepted"] == {str(free): 0}
+    assert out["probes"] == 2 and [(f["port"], f["seen"]) for f in out["failed"]] == sorted([(port, "refused"), (free, "refused")])
+    assert 0.5 <= took < 0.5 + 0.5 + 1 + 0.5
+
+
 def test_the_scripts_on_this_machine():
     """The bundle as two nodes run it, both this machine, their rails on the loopback."""
     data = yaml.safe_load(LOCALHOST.read_text())
@@ -133,6 +326,7 @@ def test_the_scripts_on_this_machine():
                       "rails": [{"interface": "lo", "ip": f"127.0.0.{i}", "prefix": 8}]}
                      for i, role in ((1, "head"), (2, "worker"))]
     data["expectations"]["mtu"] = 1500
+    data["serving"]["nodes"] = ["here-1"]
     params = validate(data)
     pf = preflight.gather(params, Cluster.from_params(params))
     assert set(pf.nodes) == {"here-1", "here-2"} and not pf.errors
@@ -144,6 +338,10 @@ def test_the_scripts_on_this_machine():
     assert here["model"] is None  # /models/none
     path_mtu = [c for c in step.checks(params, pf) if c.check == "path mtu"]
     assert [(c.node, c.status) for c in path_mtu] == [("here-1", "PASS"), ("here-2", "PASS")]
+    # each listened on its own address and reached the other's serving ports
+    assert here["tcp"]["failed"] == [] and here["tcp"]["probes"] == 4 and pf.layout == "direct pair, 2 nodes, 1 rail"
+    assert all(state in ("listening", "busy") for state in here["tcp"]["listen"].values())
+    assert [(c.node, c.status) for c in tcp_rows(params, pf)] == [("here-1", "PASS"), ("here-2", "PASS")]
 
 
 def test_the_step_and_the_cli_on_this_machine(tmp_path, capsys):
@@ -186,6 +384,8 @@ EXPECTED = {
     "port-busy": {("ports free", "spark-1")},
     "image-drift": {("image", "spark-2")},
     "model-drift": {("model", "spark-2")},
+    # TCP to the Ray port dropped on spark-2's rails: ping passes, spark-1's connection times out
+    "firewall": {("tcp ports", "spark-2")},
 }
 
 
@@ -205,6 +405,10 @@ def test_fault_fails_the_right_check_on_the_right_node(lab, params, kind):
         assert str(params.ports.api) in failed[("ports free", "spark-1")].observed
     if kind == "model-drift":
         assert "config.json" in failed[("model", "spark-2")].observed
+    if kind == "firewall":
+        c = failed[("tcp ports", "spark-2")]
+        assert c.observed.startswith(f"spark-1 → spark-2 10.77.1.12:{params.ports.ray} (ray): no answer")
+        assert f"port {params.ports.ray} proto tcp" in c.remedy
     assert failures(params) == {}, f"the lab still fails after healing {kind}"
 
 
@@ -216,3 +420,15 @@ def test_cli_exits_1_and_names_the_remedy(lab, capsys):
         faults.heal(lab, "mtu")
     out = capsys.readouterr().out
     assert "FAIL rail mtu on spark-2: enp1s0f1np1: mtu 1500" in out and "ip link set" in out
+
+
+def test_a_model_fetched_from_the_hub_may_be_absent_before_03():
+    """model.source hf: 03 downloads it onto the head, so its absence is a WARN, not a FAIL."""
+    from sparkbook.preflight.artifacts import model
+    from sparkbook.preflight.collect import Preflight
+    for source, head_status in (("head", "FAIL"), ("hf", "WARN")):
+        params = lab_params(source=source)
+        pf = Preflight({n.name: {"model": None} for n in params.nodes}, {}, {n.name: n.role for n in params.nodes})
+        got = {c.node: (c.status, c.remedy) for c in model(params, pf)}
+        assert got["spark-1"][0] == head_status and got["spark-2"][0] == "WARN"
+        assert ("downloads" in got["spark-1"][1]) == (source == "hf")

@@ -163,3 +163,19 @@ def test_put_copies_to_every_node(ssh_nodes, tmp_path):
     res = Cluster(ssh_nodes.nodes()[:2], ssh_nodes.ssh()).put(src, str(dest), mode=0o755)
     assert res.ok, res
     assert dest.read_text() == "print('hi')\n" and dest.stat().st_mode & 0o777 == 0o755
+
+
+def test_streamed_lines_arriving_in_pieces_stay_whole():
+    """invoke flushes after every chunk it reads; a line split across chunks is still one line."""
+    import io
+    import threading
+
+    from sparkbook.remote import _Prefixer
+    sink = io.StringIO()
+    out = _Prefixer("spark-2", sink, threading.Lock())
+    for piece in ("DO", "NE {\"a\"", ": 1}\nPROG", "RESS 5"):
+        out.write(piece)
+        out.flush()
+    assert sink.getvalue() == '[spark-2] DONE {"a": 1}\n'
+    out.close()
+    assert sink.getvalue().splitlines() == ['[spark-2] DONE {"a": 1}', "[spark-2] PROGRESS 5"]

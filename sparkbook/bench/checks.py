@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..params import Reference
+from ..settings import Reference
 from ..verdict import FAIL, PASS, SKIP, WARN, Check
 from .records import CLIENT_CPU_LIMIT, LATE_LIMIT_MS, Results
 

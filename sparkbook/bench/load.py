@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from datetime import datetime, timezone
 from typing import Any, AsyncIterator, Awaitable, Callable
 
-from ..params import Benchmark
+from ..settings import Benchmark
 from ..progress import Progress, bar
 from .client import Session
 from .prompts import Prompts

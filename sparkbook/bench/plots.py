@@ -8,7 +8,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..params import Reference
+from ..settings import Reference
 from .records import FOLDER, LevelResult, Results
 
 Metric = Callable[[LevelResult], float | None]

@@ -1,11 +1,12 @@
 """The head's image on every node, sending only what is missing.
 
-One ``docker save`` on the head (or a read of its layer store) streams through
-``scripts/imagestream.py`` (run on the head) into one ``ssh WORKER docker load`` per worker, over the
-fabric, without a file on either side. Each worker's stream leaves out the layers that worker
-already holds (see the script for why ``docker load`` accepts that), so a new nightly that shares
-its base costs only its new layers. Or, for nodes that can reach a registry, ``docker pull`` on
-every node.
+One read of the image on the head (its layer store, or ``docker save``), whatever the number of
+workers, streams through ``scripts/imagestream.py`` (run on the head) into one ``ssh WORKER docker
+load`` per worker the head feeds, over the fabric, without a file on either side. The head feeds
+``distribution.parallel`` workers; beyond that, workers pass the stream on to the rest (a tree,
+:func:`relay_plan`). Each worker's stream leaves out the layers that worker already holds (see the
+script for why ``docker load`` accepts that), so a new nightly that shares its base costs only its
+new layers. Or, for nodes that can reach a registry, ``docker pull`` on every node.
 
 :func:`distribute_image` never raises for one node's failure (:func:`image_checks` fails on it);
 :func:`ensure_image` is the form for steps that need the image before their work.
@@ -24,13 +25,13 @@ from ..params import Node, Params
 from ..parsers import parse_sections
 from ..progress import Progress, bar
 from ..remote import REMOTE_DIR, Cluster, Script, peer_ssh, script
-from ..scripts.imagestream import chain_ids
+from ..scripts.layerstore import chain_ids
 from ..tables import Table, human_bytes, short_id
 from ..verdict import FAIL, PASS, WARN, Check, Verdict
 from .lines import Lines, number
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "imagestream.py"
-STREAM = f"{REMOTE_DIR}/imagestream.py"
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+STREAM = f"{REMOTE_DIR}/imagestream.py"  # with layerstore.py next to it, on the head and every relay
 
 Say = Callable[[str], object]
 
@@ -165,7 +166,8 @@ class Transfer:
     wire: int = 0        # bytes through SSH (fewer than sent when compressed)
     skipped: int = 0     # archive bytes left out: layers the worker holds
     layers_held: int = 0  # layers the worker held already: never read, or left out of its stream
-    seconds: float = 0.0
+    seconds: float = 0.0  # from the start of the copy to the end of this worker's docker load
+    via: str = ""        # the worker that relayed the stream to this one ("": the head fed it)
     error: str | None = None
     output: list[str] = field(default_factory=list)
     note: str = ""
@@ -188,6 +190,7 @@ class ImageOutcome:
     probe: Probe = field(default_factory=Probe)
     errors: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
+    read: int = 0  # bytes the head's stream process read (rchar): one archive, whatever the workers
 
     @property
     def reference(self) -> str | None:
@@ -208,7 +211,8 @@ class ImageOutcome:
 def choose_compression(params: Params, cluster: Cluster, head: NodeImage,
                        workers: list[Node], nodes: dict[str, NodeImage]) -> tuple[bool, Probe]:
     """zstd on the stream: ``on``/``off`` as asked (``on`` needs zstd at both ends), ``auto`` when
-    both ends have it and zstd -1 on the head outruns the SSH pipe to the slowest worker."""
+    every node has it and zstd -1 on the head outruns the SSH pipe to the slowest worker it feeds,
+    its throughput shared by the streams it compresses at once (one per worker it feeds)."""
     mode = params.distribution.compress
     both = head.zstd and all(nodes[w.name].zstd for w in workers)
     if mode == "off":
@@ -218,25 +222,65 @@ def choose_compression(params: Params, cluster: Cluster, head: NodeImage,
         return False, {"decision": f"off: no zstd on {', '.join(lacking)}"}
     if mode == "on":
         return True, {"decision": "on (parameter)"}
-    spec = {"workers": [{"name": w.name, "ssh": peer_ssh(w)} for w in workers]}
+    direct = workers[:params.distribution.parallel]
+    spec = {"workers": [{"name": w.name, "ssh": peer_ssh(w)} for w in direct]}
     r = cluster.run_on(params.head, ["python3", STREAM, "probe", json.dumps(spec)], timeout=120)
     found = re.search(r"^PROBE (.*)$", r.stdout, re.M)
     if not r.ok or not found:
         return False, {"decision": "off: the probe failed", "error": r.summary()}
     probe: Probe = json.loads(found.group(1))
     pipe = min(probe["pipe_mb_s"].values(), default=0)
-    fast = probe.get("zstd_mb_s", 0) > pipe > 0
-    probe["decision"] = (f"{'on' if fast else 'off'}: zstd -1 {probe.get('zstd_mb_s', 0):.0f} MB/s "
-                         f"{'>' if fast else '<='} SSH pipe {pipe:.0f} MB/s")
+    each = probe.get("zstd_mb_s", 0) / len(direct)
+    fast = each > pipe > 0
+    probe["decision"] = (f"{'on' if fast else 'off'}: zstd -1 {each:.0f} MB/s for each of "
+                         f"{len(direct)} stream(s) {'>' if fast else '<='} SSH pipe {pipe:.0f} MB/s")
     return fast, probe
 
 
+def relay_plan(head: str, workers: list[str], parallel: int) -> dict[str, list[str]]:
+    """Who feeds whom: the head feeds the first ``parallel`` workers, and every worker at most
+    ``parallel`` more (a worker's link is no wider than the head's), level by level, each feeder's
+    first before any feeder's second: the shallowest tree, relays evenly loaded. With ``parallel``
+    1, a chain. Only feeders appear."""
+    plan: dict[str, list[str]] = {}
+    level, rest = [head], list(workers)
+    while rest:
+        fed = []
+        for _ in range(parallel):
+            for feeder in level:
+                if rest:
+                    plan.setdefault(feeder, []).append(rest[0])
+                    fed.append(rest.pop(0))
+        level = fed
+    return plan
+
+
+def stream_spec(params: Params, workers: list[Node], nodes: dict[str, NodeImage], compress: bool,
+                plan: dict[str, list[str]]) -> dict:
+    """``imagestream.py stream``'s spec: the tree of ``plan``, each worker with the chains it holds
+    (none where its Docker cannot load a partial archive) and the SSH command that reaches it (run by
+    its feeder); where the head reads the image."""
+    head, by_name = nodes[params.head.name], {w.name: w for w in workers}
+    store = head.store if params.distribution.reader != "docker-save" else None
+    if store and params.distribution.reader == "container":
+        store = {**store, "via": "container"}
+
+    def sink(name: str) -> dict:
+        mine = nodes[name]
+        return {"name": name, "ssh": peer_ssh(by_name[name]), "zstd": compress,
+                "have": mine.held(head.layers) if mine.skips_layers else [],
+                "feeds": [sink(n) for n in plan.get(name, [])]}
+
+    return {"image": params.runtime.image, "from": params.head.name, "store": store,
+            "workers": [sink(n) for n in plan.get(params.head.name, [])]}
+
+
 def _transfer(worker: NodeImage, compress: bool, seconds: float, end: StreamEnd | None,
-              failure: str) -> Transfer:
+              failure: str, via: str) -> Transfer:
     """A worker's copy from the stream's DONE record (``end``; None when the stream ended
     without one, for the reason ``failure``)."""
     t = Transfer(worker.node, "layer-skipping stream" if worker.skips_layers else "full stream",
-                 compress, seconds=seconds)
+                 compress, seconds=seconds, via=via)
     if not worker.skips_layers:
         t.note = (f"{worker.node}'s Docker uses the containerd image store, which needs every layer "
                   "in the archive: the whole image was sent")
@@ -251,40 +295,39 @@ def _transfer(worker: NodeImage, compress: bool, seconds: float, end: StreamEnd 
     return t
 
 
-def stream_from_head(params: Params, cluster: Cluster, workers: list[Node],
-                     nodes: dict[str, NodeImage], compress: bool, show: bool = True) -> list[Transfer]:
-    """One read of the image on the head per batch of ``distribution.parallel`` workers, each
-    worker's stream without the layers it holds (where its Docker allows that)."""
-    transfers = []
-    reader, head = params.distribution.reader, nodes[params.head.name]
-    store = head.store if reader != "docker-save" else None
-    if store and reader == "container":
-        store = {**store, "via": "container"}
-    step = params.distribution.parallel
-    for i in range(0, len(workers), step):
-        batch = workers[i:i + step]
-        spec = {"image": params.runtime.image, "store": store, "workers": [
-            {"name": w.name, "ssh": peer_ssh(w), "zstd": compress,
-             "have": nodes[w.name].held(head.layers) if nodes[w.name].skips_layers else []}
-            for w in batch]}
-        done: dict[str, StreamEnd] = {}
-        start = time.monotonic()
-        with Progress(f"{params.runtime.image} from {params.head.name}") as progress:
-            def each(line: str) -> None:
-                m = re.match(r"\[[^]]+\] (PROGRESS|DONE) (.*)", line)
-                if m and m.group(1) == "DONE":
-                    end: StreamEnd = json.loads(m.group(2))
-                    done[end["name"]] = end
-                elif m and show:
-                    name, sent, _skipped, expected, wire = m.group(2).split()
-                    progress.update(name, bar(number(sent), max(number(expected), number(sent)), start)
-                                    + f"  (on the wire {human_bytes(number(wire))})")
+def stream_from_head(params: Params, cluster: Cluster, workers: list[Node], nodes: dict[str, NodeImage],
+                     compress: bool, show: bool = True) -> tuple[list[Transfer], int]:
+    """One read of the image on the head into every worker (through relays beyond
+    ``distribution.parallel``), each worker's stream without the layers it holds (where its Docker
+    allows that); the transfers, and the bytes the head's stream process read."""
+    plan = relay_plan(params.head.name, [w.name for w in workers], params.distribution.parallel)
+    feeder = {n: f for f, fed in plan.items() for n in fed if f != params.head.name}
+    spec = stream_spec(params, workers, nodes, compress, plan)
+    done: dict[str, tuple[StreamEnd, float]] = {}  # each worker's DONE, and when it came
+    read = 0
+    start = time.monotonic()
+    with Progress(f"{params.runtime.image} from {params.head.name}") as progress:
+        def each(line: str) -> None:
+            nonlocal read
+            m = re.match(r"\[[^]]+\] (PROGRESS|DONE|READ) (.*)", line)
+            if m and m.group(1) == "DONE":
+                end: StreamEnd = json.loads(m.group(2))
+                done[end["name"]] = end, time.monotonic() - start
+            elif m and m.group(1) == "READ":
+                read = int(m.group(2))
+            elif m and show:
+                name, sent, _skipped, expected, wire = m.group(2).split()
+                progress.update(name, bar(number(sent), max(number(expected), number(sent)), start)
+                                + f"  (on the wire {human_bytes(number(wire))})")
 
-            r = cluster.run_on(params.head, ["python3", STREAM, "stream", json.dumps(spec)],
-                               timeout=params.distribution.timeout_s, stream=Lines(each))
-        took = time.monotonic() - start
-        transfers += [_transfer(nodes[w.name], compress, took, done.get(w.name), r.summary()) for w in batch]
-    return transfers
+        r = cluster.run_on(params.head, ["python3", STREAM, "stream", json.dumps(spec)],
+                           timeout=params.distribution.timeout_s, stream=Lines(each))
+    took = time.monotonic() - start
+    transfers = []
+    for w in workers:
+        end, seconds = done.get(w.name, (None, took))
+        transfers.append(_transfer(nodes[w.name], compress, seconds, end, r.summary(), feeder.get(w.name, "")))
+    return transfers, read
 
 
 def distribute_image(params: Params, cluster: Cluster, found: Survey | None = None,
@@ -309,15 +352,20 @@ def distribute_image(params: Params, cluster: Cluster, found: Survey | None = No
         if not todo:
             say(f"{image} ({short_id(head.id)}) is already on every node: nothing to send")
         else:
-            cluster.put(SCRIPT, STREAM, [params.head]).check("copy the image stream script to the head")
+            plan = relay_plan(params.head.name, [w.name for w in todo], params.distribution.parallel)
+            for name in ("imagestream.py", "layerstore.py"):
+                cluster.put(SCRIPTS / name, f"{REMOTE_DIR}/{name}", list(plan)).check(
+                    "copy the image stream scripts to the head" + (" and the relays" if len(plan) > 1 else ""))
             compress, out.probe = choose_compression(params, cluster, head, todo, nodes)
+            relays = {n: f for f, fed in plan.items() for n in fed if f != params.head.name}
             for w in todo:
                 mine = nodes[w.name]
                 say(f"{w.name}: holds {short_id(mine.id)}; " + (
                     f"{len(mine.held(head.layers))} of the image's {len(head.layers)} layers "
-                    "already there" if mine.skips_layers else "its Docker cannot load a partial archive"))
+                    "already there" if mine.skips_layers else "its Docker cannot load a partial archive")
+                    + (f"; relayed by {relays[w.name]}" if w.name in relays else ""))
             say(f"streaming from {params.head.name}, compression {out.probe['decision']}")
-            out.transfers = stream_from_head(params, cluster, todo, nodes, compress, show)
+            out.transfers, out.read = stream_from_head(params, cluster, todo, nodes, compress, show)
             out.errors.update({t.node: t.error for t in out.transfers if t.error})
     out.after = image_ids(params, cluster)
     out.seconds = time.monotonic() - start
@@ -342,7 +390,8 @@ def image_checks(params: Params, out: ImageOutcome) -> list[Check]:
     for node in params.nodes:
         got = out.after.get(node.name)
         t = by_node.get(node.name)
-        cmd = (f"({t.read_from or 'docker save'} of {out.image}) | ssh {node.peer_target} docker load" if t else
+        relayed = f" | ssh {t.via} imagestream.py relay" if t and t.via else ""
+        cmd = (f"({t.read_from or 'docker save'} of {out.image}){relayed} | ssh {node.peer_target} docker load" if t else
                f"docker pull {out.image}" if out.source == "registry" else
                f"docker image inspect {out.image}")
         if ref is None:
@@ -356,10 +405,11 @@ def image_checks(params: Params, out: ImageOutcome) -> list[Check]:
             checks.append(Check("image ID", node.name, PASS, short_id(got) + moved, short_id(ref)))
         else:
             seen = out.errors.get(node.name) or f"{short_id(got)} after the copy"
+            ssh = (f"SSH from {t.via} to {node.name} ({t.via} relays the image to it: `ssh "
+                   f"{node.peer_target} true` on {t.via})" if t and t.via else "head-to-worker SSH (01_preflight)")
             checks.append(Check("image ID", node.name, FAIL, seen, short_id(ref),
-                                "check the node's disk space (`df -h` on the Docker root) and head-to-"
-                                "worker SSH (01_preflight), then run this step again: the copy "
-                                "restarts cleanly", cmd))
+                                f"check the node's disk space (`df -h` on the Docker root) and {ssh}, "
+                                "then run this step again: the copy restarts cleanly", cmd))
         if t and t.note:
             checks.append(Check("layer skipping", node.name, WARN, t.note, "classic image store"))
     return checks
@@ -396,9 +446,9 @@ def copy_checks(params: Params, out: ImageOutcome) -> list[Check]:
 
 
 def image_table(out: ImageOutcome) -> Table:
-    rows = [[t.node, t.method, t.read_from, "zstd" if t.compressed else "none", human_bytes(t.sent),
-             human_bytes(t.wire), t.layers_held, f"{t.seconds:.1f}", f"{t.rate_mb_s:.0f}",
-             t.error or "ok"] for t in out.transfers]
-    return Table(["node", "method", "read from", "compression", "archive sent", "on the wire",
+    rows = [[t.node, t.method, t.read_from, t.via or out.head, "zstd" if t.compressed else "none",
+             human_bytes(t.sent), human_bytes(t.wire), t.layers_held, f"{t.seconds:.1f}",
+             f"{t.rate_mb_s:.0f}", t.error or "ok"] for t in out.transfers]
+    return Table(["node", "method", "read from", "fed by", "compression", "archive sent", "on the wire",
                   "layers already there", "seconds", "wire MB/s", "result"], rows,
                  title=f"{out.image}: copies from the head")

@@ -1,6 +1,7 @@
 """The head's model on every node, sending only the files that differ.
 
-The manifest preflight reads (:mod:`sparkbook.manifest`) on every node; where a worker's differs
+The manifest preflight reads (:mod:`sparkbook.manifest`, which leaves out ``.cache/huggingface``,
+a download's bookkeeping: never compared, copied or deleted) on every node; where a worker's differs
 from the head's, ``scripts/model_sync.sh`` on the head runs rsync over the fabric to every such
 worker at once, sending the differing files only (resumable: partial files wait in a side folder,
 never under their real name), then the workers' manifests are compared again.
@@ -131,10 +132,12 @@ def sync_model(params: Params, cluster: Cluster, say: Callable[[str], object] = 
 def model_checks(params: Params, out: ModelOutcome) -> list[Check]:
     """The model on the head, then every worker's files against the head's manifest."""
     if out.head_error:
+        fix = ("see the row 'model from the hub': once it passes, 03 copies the model to the workers"
+               if params.model.source == "hf" else
+               "download the model on the head (huggingface-cli download ... --local-dir "
+               f"{params.model.path}, or model.source: hf); 03 copies it to the workers")
         return [Check("model on the head", params.head.name, FAIL, out.head_error,
-                      f"the model at {params.model.path}",
-                      "download the model on the head (huggingface-cli download ... --local-dir "
-                      f"{params.model.path}); 03 copies it to the workers")]
+                      f"the model at {params.model.path}", fix)]
     checks = [Check("model on the head", params.head.name, PASS, params.model.path)]
     for w, why in out.unreadable.items():
         checks.append(Check("model files", w, FAIL, f"cannot read the model folder: {why}",

@@ -10,6 +10,8 @@ Spark; `heal` undoes it. Applied faults are kept in lab.json.
 - image-drift  a different image under the configured tag on the node
 - model-drift  a changed model file (config.json) on the node
 - slow-link    the node's fabric rails rate-limited (tbf; this kernel has no netem)
+- firewall     TCP to one port (default: the Ray port) dropped on the node's fabric rails, as a
+               host firewall does; ping still passes
 - stall        vLLM's processes on the node frozen (SIGSTOP), as a rank hung in NCCL looks: apply
                it once vLLM starts (05); Ray's own daemons keep running
 """
@@ -107,6 +109,10 @@ def apply(lab: Lab, kind: str, node: str | None = None, port: int | None = None,
         if not rec["pids"]:
             raise LabError(f"{target.name}: no vLLM process to freeze (apply `stall` once 05 has started vLLM)")
         lab.node_sh(target, shlex.join(["kill", "-STOP", *map(str, rec["pids"])]))
+    elif kind == "firewall":
+        rec["port"] = port or params.ports.ray
+        for ifname in RAIL_NAMES:
+            sh("ip", "netns", "exec", ns, "iptables", "-I", "INPUT", *_firewall_rule(ifname, rec["port"]))
     elif kind == "slow-link":
         rec["rate"] = rate
         for r, ifname in enumerate(RAIL_NAMES):
@@ -166,6 +172,9 @@ def _undo(lab: Lab, rec: dict) -> None:
         for r, ifname in enumerate(RAIL_NAMES):
             for where, dev in ((ns, ifname), (FABRIC_NS, f"{PREFIX}{node.index}r{r}")):
                 sh("ip", "netns", "exec", where, "tc", "qdisc", "del", "dev", dev, "root", check=False)
+    elif kind == "firewall":  # exactly the rules added (one each), if they are still there
+        for ifname in RAIL_NAMES:
+            sh("ip", "netns", "exec", ns, "iptables", "-D", "INPUT", *_firewall_rule(ifname, rec["port"]), check=False)
     elif kind == "stall":  # those that still exist (05 may have removed their container)
         lab.node_sh(node, shlex.join(["kill", "-CONT", *map(str, rec["pids"])]) + " 2>/dev/null", check=False)
 
@@ -185,6 +194,12 @@ def _vllm_pids(node: LabNode, serve_container: str) -> list[int]:
             if container == serve_container or not RAY_OWN.search(args):
                 pids.append(int(pid))
     return pids
+
+
+def _firewall_rule(ifname: str, port: int) -> list[str]:
+    """The firewall fault's rule on one rail, as added and as deleted."""
+    return ["-i", ifname, "-p", "tcp", "--dport", str(int(port)), "-m", "comment", "--comment",
+            "sparkbook-lab firewall", "-j", "DROP"]
 
 
 def _is_up(ns: str, ifname: str) -> bool:

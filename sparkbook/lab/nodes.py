@@ -30,7 +30,7 @@ FABRIC_MTU = 9000
 BASHRC = Path("/root/.bashrc")
 MAX_NODES = 32
 FAULTS = ("node-down", "mtu", "rail-down", "docker-down", "port-busy", "image-drift",
-          "model-drift", "slow-link", "stall")
+          "model-drift", "slow-link", "stall", "firewall")
 SIMULATED_TOOLS = ("nvidia-smi", "ibdev2netdev", "ibstat", "ibv_devinfo", "ethtool")
 TEMPLATE = project_root() / "parameters" / "lab.yaml"
 
@@ -106,7 +106,23 @@ def lab_params(n: int = 2) -> dict:
         nodes.append({**copy.deepcopy(first), "name": node.name, "host": node.mgmt_ip, "role": node.role,
                       "rails": [{**first["rails"][r], "ip": node.rail_ip(r)} for r in range(len(RAILS))]})
     data["nodes"] = nodes
+    if n != 2:
+        data["description"] = f"Local lab, {n} simulated DGX Spark node{'s' if n > 1 else ''}, tiny Qwen3 model, " + serving_layout(data, n)
     return data
+
+
+def serving_layout(data: dict, n: int) -> str:
+    """Serving on an N-node lab, set in ``data``: the tiny model (2 layers, 2 KV heads) splits at
+    most 2 ways by tensor and 2 by pipeline, so at most 4 nodes serve (the first ones); 3 nodes
+    serve on 2. Returns the layout in words."""
+    k = 1 << (min(n, 4).bit_length() - 1)
+    tp, pp = min(2, k), max(1, k // 2)
+    s = data["serving"]
+    s["tensor_parallel_size"], s["pipeline_parallel_size"] = tp, pp
+    if k < n:
+        s["nodes"] = [f"spark-{i}" for i in range(1, k + 1)]
+    return (f"TP {tp} x PP {pp} over the Ray executor"
+            + (f" on {k} of the {n} nodes" if k < n else ""))
 
 
 def params_file(n: int) -> Path:

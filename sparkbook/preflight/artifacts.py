@@ -41,8 +41,11 @@ def model(params: Params, pf: Preflight) -> Iterator[Check]:
     for node in pf.up(params):
         files = pf.nodes[node.name]["model"]
         if files is None:
-            yield Check("model", node.name, FAIL if node.name == head else WARN, f"{m.path} absent",
-                        "the model on every node", "download it on the head (huggingface-cli download "
+            fetched = m.source == "hf"  # 03 downloads it onto the head, then copies it
+            yield Check("model", node.name, FAIL if node.name == head and not fetched else WARN,
+                        f"{m.path} absent", "the model on every node",
+                        f"03_distribute_image downloads {m.name} onto the head and copies it to the workers"
+                        if fetched else "download it on the head (huggingface-cli download "
                         f"{m.name} --local-dir {m.path}); 03 copies it to the workers")
         elif node.name == head or ref is None:
             size = sum(f["size"] for f in files.values()) / 1e9

@@ -1,6 +1,6 @@
 """What preflight learns from each node: one bundle of node scripts per node, one SSH round trip
 each (all nodes at once), parsed into one :class:`NodeReport` per node; then one short round trip
-for the clocks."""
+for the clocks, and one for TCP between the nodes on the serving ports."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from ..parsers import (IbDevice, LinkSpeed, RailMap, SmiTable, parse_ethtool, pa
                        parse_ibstat, parse_ibv_devinfo, parse_nvidia_smi_table, parse_sections)
 from ..remote import Bundle, Cluster, bundle, peer_ssh, script
 from ..step import Outcome
+from . import tcp
+from .layout import RING, classify
 
 # Processes that hold GPU memory when left over from an earlier run.
 STALE = r"vllm|VLLM::|raylet|gcs_server|ray::|torchrun"
@@ -60,6 +62,7 @@ class NodeReport(TypedDict):
     model: Manifest | None  # None: the model's folder is absent
     peers_ssh: dict[str, tuple[str, bool]]  # head only: peer -> (target, answered)
     skew_s: float | None  # clock against this machine's
+    tcp: tcp.TcpReport | None  # the serving ports probed from this node; None: not probed
 
 
 @dataclass
@@ -71,9 +74,13 @@ class Preflight(Outcome):
     nodes: dict[str, NodeReport]  # reachable nodes only
     errors: dict[str, str] = field(default_factory=dict)  # node -> the SSH error
     roles: dict[str, str] = field(default_factory=dict)  # node -> head / worker
+    layout: str = ""  # e.g. "switch, 4 nodes, 2 rails" (see layout.py); "" for one node
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.nodes)
+
+    def key_numbers(self) -> list[tuple[str, str]]:
+        return [("layout", self.layout)] if self.layout else []
 
     def rows(self) -> list[NodeRow]:
         """The nodes' facts as rows of the inventory's table."""
@@ -88,9 +95,10 @@ class Preflight(Outcome):
 def node_bundle(params: Params, node: Node) -> Bundle:
     """The scripts for one node (every value from the parameters is an argument)."""
     peers = [n for n in params.nodes if n.name != node.name]
-    # Path MTU: a don't-fragment ping of MTU-28 bytes on each rail to every peer's same rail.
-    pings = [a for r, rail in enumerate(node.rails) for peer in peers if r < len(peer.rails)
-             for a in (rail.interface, peer.rails[r].ip)]
+    # Path MTU: a don't-fragment ping of MTU-28 bytes out of each rail to every peer address on its
+    # subnet (a peer's same rail on a switch or a direct pair; the cable's other end in a ring).
+    pings = [a for rail in node.rails for net in [rail.network] for peer in peers for pr in peer.rails
+             if pr.ip in net for a in (rail.interface, pr.ip)]
     if params.runtime.kind == "docker":
         runtime = script("runtime_state.sh", "docker", params.runtime.image)
     else:
@@ -143,11 +151,13 @@ def parse(stdout: str) -> NodeReport:
         "peers_ssh": {p[0]: (p[1], p[2] == "0") for p in (ln.split() for ln in s.get("peers-ssh", "").splitlines())
                       if len(p) == 3},
         "skew_s": None,
+        "tcp": None,
     }
 
 
 def gather(params: Params, cluster: Cluster) -> Preflight:
-    """Every node's report, all nodes at once, with the clocks' skew."""
+    """Every node's report, all nodes at once, with the clocks' skew and the serving ports probed
+    between the nodes (except in a ring, whose routes between nodes without a cable are unknown)."""
     # the C locale for every script: the parsers read the tools' untranslated output
     results = cluster.run(lambda n: node_bundle(params, n), timeout=min(params.ssh.command_timeout, 60),
                           env={"LC_ALL": "C"})
@@ -162,4 +172,9 @@ def gather(params: Params, cluster: Cluster) -> Preflight:
             nodes[name]["skew_s"] = float(r.stdout) - (sent + r.duration / 2)
         except ValueError:
             nodes[name]["skew_s"] = None
-    return Preflight(nodes, errors, {n.name: n.role for n in params.nodes})
+    up = [n for n in params.nodes if n.name in nodes]
+    layout = classify(params)
+    if len(up) > 1 and layout.kind != RING:
+        for name, report in tcp.probe(params, cluster, up).items():
+            nodes[name]["tcp"] = report
+    return Preflight(nodes, errors, {n.name: n.role for n in params.nodes}, str(layout) if layout.kind else "")

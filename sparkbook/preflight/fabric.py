@@ -1,16 +1,19 @@
-"""Preflight checks of the RoCE fabric, per rail of every node: the HCA mapped to its interface
-and Up, its port ACTIVE, the link rate, the MTU, the address, and the path MTU to every peer."""
+"""Preflight checks of the RoCE fabric: its layout (a direct pair or a switch), then per rail of
+every node: the HCA mapped to its interface and Up, its port ACTIVE, the link rate, the MTU, the
+address, and the path MTU to every peer on the rail's subnet."""
 
 from __future__ import annotations
 
 from typing import Iterator, NamedTuple
 
 from ..params import Node, Params, Rail
-from ..verdict import FAIL, PASS, Check
+from ..verdict import FAIL, PASS, WARN, Check
 from .collect import NodeReport, Preflight
+from .layout import MIXED, RING, classify
 
 
 def rails(params: Params, pf: Preflight) -> Iterator[Check]:
+    names = {str(r.ip): n.name for n in params.nodes for r in n.rails}  # a peer's rail address -> its name
     for node in pf.up(params):
         d = pf.nodes[node.name]
         for rail in node.rails:
@@ -19,13 +22,31 @@ def rails(params: Params, pf: Preflight) -> Iterator[Check]:
             yield rail_rate(params, node, rail, d)
             yield rail_mtu(params, node, rail, d)
             yield rail_address(node, rail, d)
-            yield from path_mtu(params, node, rail, d)
+            yield from path_mtu(params, node, rail, d, names)
 
 
-def rail_subnets(params: Params, pf: Preflight) -> Iterator[Check]:
-    subnets = [str(r.network) for r in params.head.rails]
-    yield Check("rail subnets", "all", PASS, ", ".join(subnets) or "no rails", "one subnet per rail; "
-                "addresses unique (checked when the parameters were validated)")
+def layout(params: Params, pf: Preflight) -> Iterator[Check]:
+    """The layout the rails' subnets draw, confirmed by every rail ping answered; a ring or mesh
+    of cabled nodes is named unsupported (WARN), rails that fit no layout FAIL."""
+    lay = classify(params)
+    if not lay.kind:
+        return
+    want = "a direct pair, or every node's rails on a switch (each rail's subnet holding every node)"
+    subnets = "; ".join(f"{net}: {', '.join(names)}" for net, names in lay.subnets.items())
+    if lay.kind == RING:
+        yield Check("fabric layout", "all", WARN, f"{lay}: {subnets}", want, "sparkbook supports a direct "
+                    "pair or a switch for now: connect every node's rails to a switch (one subnet per rail)")
+    elif lay.kind == MIXED:
+        yield Check("fabric layout", "all", FAIL, f"{lay}: {subnets}", want, "put rail N of every node "
+                    "on one subnet (netplan), or fix the rails' addresses in the parameters")
+    else:
+        answered = [p["ok"] for n in pf.up(params) for p in pf.nodes[n.name]["ping"]]
+        lost, missing = answered.count(False), lay.nodes - len(pf.nodes)
+        ok = not lost and not missing
+        yield Check("fabric layout", "all", PASS if ok else WARN, f"{lay} ({', '.join(lay.subnets)})" + (
+                    "" if ok else f"; not confirmed: {lost} of {len(answered)} rail pings unanswered"
+                    + (f", {missing} node(s) not reached" if missing else "")), want,
+                    "" if ok else "see the path mtu and ssh rows")
 
 
 def rail_map(node: Node, rail: Rail, d: NodeReport) -> Iterator[Check]:
@@ -81,20 +102,24 @@ def rail_address(node: Node, rail: Rail, d: NodeReport) -> Check:
                  "the parameters", f"ip addr show {where}")
 
 
-def path_mtu(params: Params, node: Node, rail: Rail, d: NodeReport) -> Iterator[Check]:
-    """A don't-fragment ping of MTU-28 bytes to each peer's same rail was answered."""
+def path_mtu(params: Params, node: Node, rail: Rail, d: NodeReport, names: dict[str, str]) -> Iterator[Check]:
+    """A don't-fragment ping of MTU-28 bytes to every peer on the rail's subnet was answered: one
+    row per rail, naming the peers that did not answer."""
     where, mtu = rail.interface, params.expectations.mtu
-    for ping in sorted(d["ping"], key=lambda p: p["peer"]):
-        if ping["interface"] != where:
-            continue
-        peer_ip, ok = ping["peer"], ping["ok"]
-        peer = next((p.name for p in params.nodes for pr in p.rails if str(pr.ip) == peer_ip), peer_ip)
-        yield Check("path mtu", node.name, PASS if ok else FAIL,
-                    f"{where} → {peer} ({peer_ip}): {'ok' if ok else 'no reply'}",
-                    f"{mtu - 28}-byte don't-fragment ping answered",
-                    "" if ok else f"MTU {mtu} must hold end to end on this rail: every node's "
-                    "interface and any switch port; check that the peer's link is up",
-                    f"ping -M do -s {mtu - 28} -I {where} {peer_ip}")
+    pings = [p for p in d["ping"] if p["interface"] == where]
+    if not pings:
+        return
+    lost = sorted(p["peer"] for p in pings if not p["ok"])
+    peers = sorted(names.get(p["peer"], p["peer"]) for p in pings)
+    seen = f"{where} → {', '.join(peers) if len(peers) <= 3 else f'{len(peers)} peers'}: ok"
+    if lost:
+        seen = f"{where} → " + ", ".join(f"{names.get(ip, ip)} ({ip})" for ip in lost) + ": no reply"
+        if len(lost) < len(pings):
+            seen += f" ({len(pings) - len(lost)} of {len(pings)} peers answered)"
+    yield Check("path mtu", node.name, FAIL if lost else PASS, seen, f"{mtu - 28}-byte don't-fragment ping answered",
+                f"MTU {mtu} must hold end to end on this rail: every node's interface and any switch port; "
+                "check that the peer's link is up" if lost else "",
+                f"ping -M do -s {mtu - 28} -I {where} {(lost or [pings[0]['peer']])[0]}")
 
 
 class PortState(NamedTuple):

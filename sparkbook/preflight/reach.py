@@ -1,13 +1,14 @@
-"""Preflight checks of reachability: SSH from here to every node, and from the head to every
-worker (what Ray, the image copy and the model sync need)."""
+"""Preflight checks of reachability: SSH from here to every node, from the head to every worker
+(what Ray, the image copy and the model sync need), and TCP between the nodes on the serving ports."""
 
 from __future__ import annotations
 
 from typing import Iterator
 
-from ..params import Params
-from ..verdict import FAIL, PASS, SKIP, Check
+from ..params import Node, Params
+from ..verdict import FAIL, PASS, SKIP, WARN, Check
 from .collect import Preflight
+from .tcp import SEEN, TIMEOUT_S, Probe, serving_ports
 
 
 def ssh(params: Params, pf: Preflight) -> Iterator[Check]:
@@ -32,6 +33,53 @@ def head_to_workers(params: Params, pf: Preflight) -> Iterator[Check]:
                     "" if ok else f"on {params.head.name}: ssh-copy-id {target}, then ssh {target} once "
                     "to check and accept its host key",
                     f"ssh -o BatchMode=yes -o ConnectTimeout=5 {target} true")
+
+
+def tcp(params: Params, pf: Preflight) -> Iterator[Check]:
+    """Per node: its serving ports reached from every peer over the fabric; else one FAIL per
+    (from, to, port), on the node to open. Rows grow with the failures, not the pairs."""
+    up = pf.up(params)
+    if len(up) < 2 or not any(pf.nodes[n.name]["tcp"] for n in up):
+        return  # one node, or not probed
+    ports = serving_ports(params)
+    into: dict[str, list[tuple[Node, Probe]]] = {n.name: [] for n in up}
+    probed = set()
+    for node in up:
+        rep = pf.nodes[node.name]["tcp"] or {}
+        if "error" in rep:
+            yield Check("tcp ports", node.name, WARN, f"not probed from {node.name}: {rep['error']}"[:300],
+                        "the serving ports probed from every node", "python3 must run on the node (it listens and "
+                        "connects for this check); see the error", "python3 sparkbook/scripts/tcp_ports.py SPEC")
+        elif rep:
+            probed.add(node.name)
+            for p in rep["failed"]:
+                into[p["peer"]].append((node, p))
+    shown = ", ".join(f"{what} {port}" for port, what in ports.items())
+    for node in up:
+        listen = (pf.nodes[node.name]["tcp"] or {}).get("listen", {})
+        for src, p in into[node.name]:
+            yield tcp_failure(src, node, p, ports.get(p["port"], "?"), listen.get(str(p["port"]), ""))
+        if not into[node.name]:
+            peers = len(probed - {node.name})
+            yield Check("tcp ports", node.name, PASS, f"{shown} on {node.fabric_address}: reached from "
+                        f"{peers} peer{'s' if peers != 1 else ''}", "the serving ports reached from "
+                        "every node over the fabric")
+
+
+def tcp_failure(src: Node, dst: Node, p: Probe, what: str, listen: str) -> Check:
+    """One (from, to, port) that failed: what was seen and the firewall rule that lets it in."""
+    addr, port = p["address"], p["port"]
+    seen = SEEN.get(p["seen"], p["seen"])
+    if listen not in ("", "listening"):
+        seen += f" ({dst.name} could not listen there: {listen})"
+    subnet = str(src.rails[0].network) if src.rails else src.fabric_address
+    return Check("tcp ports", dst.name, FAIL, f"{src.name} → {dst.name} {addr}:{port} ({what}): {seen}",
+                 f"TCP {port} reached from {src.name}",
+                 f"on {dst.name}, let the fabric in: `sudo ufw allow from {subnet} to any port {port} "
+                 f"proto tcp` (or `sudo iptables -I INPUT -p tcp -s {subnet} --dport {port} -j ACCEPT`); "
+                 f"if {dst.name} has no such rule, check {src.name}'s outgoing ones (`sudo iptables -S OUTPUT`)",
+                 f"on {src.name}: timeout {TIMEOUT_S:g} bash -c '</dev/tcp/{addr}/{port}' (while {dst.name} "
+                 f"listens there, e.g. python3 -m http.server --bind {addr} {port})")
 
 
 def unreachable(params: Params, pf: Preflight) -> Iterator[Check]:

@@ -1,8 +1,14 @@
 #!/usr/bin/env python3
-"""Stream one `docker save` of an image into `docker load` on several workers at once, leaving out of
-each worker's stream the layers it already holds. Runs on the head node (sparkbook copies it there);
-standard library only, no file written: the archive flows from `docker save` through this process
-into one `ssh WORKER docker load` per worker.
+"""Stream one read of an image into `docker load` on several workers at once, leaving out of each
+worker's stream the layers it already holds. Runs on the head node (sparkbook copies it there with
+layerstore.py); standard library only, no file written: the archive flows from the layer store (or
+`docker save`) through this process into one `ssh WORKER docker load` per worker the head feeds.
+
+For more workers than the head's link can feed, workers pass the stream on (a tree): the head runs
+`ssh WORKER imagestream.py relay`, which splits its stdin the same way into the worker's own
+`docker load` and one SSH stream per worker it feeds. The stream into a worker carries every layer
+some worker of its subtree lacks; each sink leaves out what its own worker holds. A relay prints the
+lines of every worker behind it; the head passes them on, and names the relay for any it lost.
 
 Why leaving layers out works: `docker load` (classic image store) looks each layer up by its chain ID
 before it opens the layer's file, so an archive whose already-present layers are absent loads to the
@@ -13,43 +19,61 @@ image/v1/imagev1.go CreateID), and the top one is the folder whose `json` names 
 parent. A layer is left out only when its name matches a computed digest exactly, so a format this
 script does not know costs the saving, never correctness.
 
-Usage: imagestream.py stream SPEC_JSON   (SPEC: {"image", "store": where to read layers or null
-                                          for `docker save`, "workers": [{"name", "ssh": [argv],
-                                          "have": [chain ids], "zstd": bool}]})
-       imagestream.py probe SPEC_JSON    (pipe and zstd throughput, for the compression choice)
-       imagestream.py assemble SPEC_JSON (a `docker load` archive from the layer store, to stdout)
-Lines on stdout: SOURCE how / PROGRESS name sent skipped expected wire / DONE {json per worker} / PROBE {json}.
+Usage: imagestream.py stream SPEC   SPEC: {"image", "from": this node, "store": where to read layers
+                                    (null: `docker save`), "workers": [W]}; W: {"name", "ssh": argv,
+                                    "have": [chain ids], "zstd": bool, "feeds": [W]}
+       imagestream.py relay SPEC    on a worker, the archive on stdin; SPEC: its W with "diff_ids",
+                                    "source", "expected", "held"
+       imagestream.py probe SPEC    pipe and zstd throughput, for the compression choice
+Lines on stdout: SOURCE how / PROGRESS name sent skipped expected wire / DONE {json per worker} /
+READ rchar (bytes this process read: one archive, whatever the number of workers) / PROBE {json}.
 """
 
-import base64
 import collections
-import gzip
+import fcntl
 import hashlib
 import json
 import os
+import queue
 import shlex
-import tarfile
 import subprocess
 import sys
 import threading
 import time
 
-BLOCK = 512
-CHUNK = 1 << 20
+try:
+    from .layerstore import BLOCK, CHUNK, chain_ids, expected_bytes, padded
+except ImportError:  # run as a script on a node, next to layerstore.py
+    from layerstore import BLOCK, CHUNK, chain_ids, expected_bytes, padded
+
+ME = os.path.abspath(__file__)
+LAYERSTORE = os.path.join(os.path.dirname(ME), "layerstore.py")
+QUEUE = 32  # chunks (up to 1 MiB each) a sink may fall behind the others
 # The v1 config of every layer but the top one: a zero image, created at the epoch (moby save.go).
 ZERO_CONFIG = ('{"Hostname":"","Domainname":"","User":"","AttachStdin":false,"AttachStdout":false,'
                '"AttachStderr":false,"Tty":false,"OpenStdin":false,"StdinOnce":false,"Env":null,'
                '"Cmd":null,"Image":"","Volumes":null,"WorkingDir":"","Entrypoint":null,'
                '"OnBuild":null,"Labels":null}')
-LOAD = "set -o pipefail; {}docker load"
+LOCK = threading.Lock()
 
 
-def chain_ids(diff_ids):
-    """ChainID(L0) = DiffID(L0); ChainID(Ln) = sha256(ChainID(Ln-1) + " " + DiffID(Ln))."""
-    out = []
-    for d in diff_ids:
-        out.append(d if not out else "sha256:" + hashlib.sha256(f"{out[-1]} {d}".encode()).hexdigest())
-    return out
+def say(*parts):
+    """One whole line on stdout (threads write them)."""
+    with LOCK:
+        print(*parts, flush=True)
+
+
+def tree(workers):
+    """Every worker of a spec's tree: these and, at any depth, those they feed."""
+    for w in workers:
+        yield w
+        yield from tree(w.get("feeds", ()))
+
+
+def carried(worker):
+    """The chains the stream into ``worker`` may leave out: those that it and every worker behind it
+    hold (the stream must carry every layer some worker of its subtree lacks)."""
+    return set(worker.get("have", ())).intersection(*(carried(w) for w in worker.get("feeds", ())))
 
 
 def v1_ids(diff_ids):
@@ -104,10 +128,6 @@ def octal(field):
     return int(text, 8) if text else 0
 
 
-def padded(size):
-    return (size + BLOCK - 1) // BLOCK * BLOCK
-
-
 def read_exact(f, n):
     buf = bytearray()
     while len(buf) < n:
@@ -118,81 +138,136 @@ def read_exact(f, n):
     return bytes(buf)
 
 
-class Sink:
-    """One worker: `ssh WORKER docker load`, behind a local zstd when compressing."""
+def widen(pipe):
+    """A 1 MiB pipe buffer (Linux; 64 KiB by default): fewer wake-ups between the processes."""
+    try:
+        fcntl.fcntl(pipe.fileno(), getattr(fcntl, "F_SETPIPE_SZ", 1031), CHUNK)
+    except OSError:
+        pass
 
-    def __init__(self, spec):
-        self.name, self.have = spec["name"], set(spec.get("have", ()))
-        self.sent = self.skipped = 0
-        self.layers_skipped = 0
-        self.error = None
+
+class Sink:
+    """One worker fed from this node: `docker load` here (no ``ssh``: a relay's own worker), `ssh
+    WORKER docker load`, or `ssh WORKER imagestream.py relay` for a worker that feeds others; behind
+    a local zstd when compressing. Its own thread writes what :func:`split` queues, so a worker that
+    is slow for a moment holds the others back only once its queue is full."""
+
+    def __init__(self, spec, job):
+        self.name, self.feeds, self.here = spec["name"], spec.get("feeds", []), job["from"]
+        self.have = carried(spec)
+        self.expected, self.held = spec.get("expected", 0), spec.get("held", 0)
+        self.behind = {w["name"]: w.get("held", 0) for w in tree(self.feeds)}
+        self.reported = set()  # the workers whose DONE the relay sent
+        self.sent = self.wire = self.skipped = self.layers_skipped = 0
+        self.error, self.killed = None, False
         self.tail = collections.deque(maxlen=20)
-        remote = LOAD.format("zstd -q -d -c | " if spec.get("zstd") else "")
+        self.remote = spec.get("ssh") is not None
+        argv = ["docker", "load"]
+        if self.remote:
+            then = (f"python3 {shlex.quote(ME)} relay {shlex.quote(json.dumps({**spec, **job}))}"
+                    if self.feeds else "docker load")
+            remote = "set -o pipefail; " + ("zstd -q -d -c | " if spec.get("zstd") else "") + then
+            argv = spec["ssh"] + ["bash -c " + shlex.quote(remote)]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT)
         self.zstd = None
-        self.wire = 0  # bytes that went into ssh (after zstd, when compressing)
-        self.ssh = subprocess.Popen(spec["ssh"] + ["bash -c " + shlex.quote(remote)], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        self.threads = [threading.Thread(target=self._read, daemon=True)]
-        if spec.get("zstd"):
+        if self.remote and spec.get("zstd"):
             self.zstd = subprocess.Popen(["zstd", "-q", "-1", "-T0", "-c"], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE)
-            self.threads.append(threading.Thread(target=self._pump, daemon=True))
-        self.pipe = self.zstd.stdin if self.zstd else self.ssh.stdin
+        self.pipe = self.zstd.stdin if self.zstd else self.proc.stdin
+        widen(self.proc.stdin)
+        widen(self.pipe)
+        self.queue = queue.Queue(QUEUE)
+        self.threads = [threading.Thread(target=f, daemon=True)
+                        for f in (self._write, self._read) + ((self._pump,) if self.zstd else ())]
         for t in self.threads:
             t.start()
+
+    def write(self, data):
+        if self.error is None:
+            self.queue.put(data)
+
+    def _write(self):
+        """The queue into the pipe, until None; after an error the queue is drained unwritten."""
+        while (data := self.queue.get()) is not None:
+            if self.error is None:
+                try:
+                    self.pipe.write(data)
+                    self.sent += len(data)
+                    if not self.zstd:
+                        self.wire = self.sent
+                except OSError as e:
+                    self.error = f"the stream to {self.name} broke: {e}"
+        try:
+            self.pipe.close()
+        except OSError:
+            pass
 
     def _pump(self):
         """zstd's output into ssh, counted."""
         try:
-            while True:
-                data = self.zstd.stdout.read1(CHUNK)
-                if not data:
-                    break
-                self.ssh.stdin.write(data)
+            while data := self.zstd.stdout.read1(CHUNK):
+                self.proc.stdin.write(data)
                 self.wire += len(data)
         except OSError as e:
             self.error = self.error or f"the stream to {self.name} broke: {e}"
         finally:
             try:
-                self.ssh.stdin.close()
+                self.proc.stdin.close()
             except OSError:
                 pass
 
     def _read(self):
-        for line in self.ssh.stdout:
-            self.tail.append(line.decode(errors="replace").rstrip())
+        """The worker's output; a relay's PROGRESS and DONE lines passed on, with the bytes sent to
+        the relay itself as its ``wire``."""
+        for raw in self.proc.stdout:
+            line = raw.decode(errors="replace").rstrip()
+            kind, _, rest = line.partition(" ")
+            if self.feeds and kind == "DONE":
+                end = json.loads(rest)
+                self.reported.add(end["name"])
+                say("DONE", json.dumps({**end, "wire": self.wire} if end["name"] == self.name else end))
+            elif self.feeds and kind == "PROGRESS":
+                fields = rest.split()
+                say("PROGRESS", *fields[:-1], self.wire if fields[0] == self.name else fields[-1])
+            else:
+                self.tail.append(line)
 
-    def write(self, data):
-        if self.error is None:
-            try:
-                self.pipe.write(data)
-                self.sent += len(data)
-                if not self.zstd:
-                    self.wire = self.sent
-            except (BrokenPipeError, OSError) as e:
-                self.error = f"the stream to {self.name} broke: {e}"
-
-    def finish(self, failed=None):
+    def close(self, failed=None):
+        """No more data. ``failed``: the archive is incomplete, so the worker is stopped before its
+        input ends and nothing is loaded from it."""
         self.error = self.error or failed
-        try:
-            self.pipe.close()
-        except OSError:
-            pass
-        if self.error and failed:  # the archive is incomplete: make sure nothing is loaded from it
-            for p in (self.zstd, self.ssh):
+        if failed:
+            for p in (self.zstd, self.proc):
                 if p and p.poll() is None:
                     p.kill()
+                    self.killed = True
+        self.queue.put(None)
+
+    def finish(self, source):
+        """Wait for the worker's end: the DONE records this sink owes, its worker's own, or for a
+        relay, those of the workers (itself among them) it did not report, each naming it."""
+        for t in self.threads[::2]:  # the writer, and zstd's pump
+            t.join()
         if self.zstd:
             self.zstd.wait()
-        for t in self.threads[1:]:
-            t.join()
-        code = self.ssh.wait()
-        self.threads[0].join(5)
-        if code != 0 and not self.error:
-            self.error = f"docker load on {self.name} exited {code}"
-        return {"name": self.name, "code": code, "sent": self.sent, "wire": self.wire,
-                "skipped": self.skipped,
-                "layers_skipped": self.layers_skipped, "error": self.error, "output": list(self.tail)}
+        code = self.proc.wait()
+        self.threads[1].join(5)
+        if code and not self.killed:  # its exit says more than the broken pipe it left here
+            self.error = (f"SSH from {self.here} to {self.name} failed" if code == 255 and self.remote else
+                          f"{'the relay on' if self.feeds else 'docker load on'} {self.name} exited {code}")
+        mine = {"name": self.name, "code": code, "sent": self.sent, "wire": self.wire,
+                "skipped": self.skipped, "layers_skipped": self.layers_skipped, "error": self.error,
+                "output": list(self.tail), "source": source, "held": self.held}
+        if not self.feeds:
+            return [mine]
+        why = (self.error or f"the relay on {self.name} ended without a result") + (
+            f": {self.tail[-1]}" if self.tail else "")
+        lost = [{**mine, "error": self.error or why}] if self.name not in self.reported else []
+        behind = self.error if self.killed else f"not reached: the relay on {self.name} failed ({why})"
+        return lost + [{"name": n, "code": None, "sent": 0, "wire": 0, "skipped": 0, "layers_skipped": 0,
+                        "error": behind, "output": [], "source": source, "held": held}
+                       for n, held in self.behind.items() if n not in self.reported]
 
 
 def inspect(image):
@@ -261,141 +336,98 @@ def split(src, layers, sinks):
             raise OSError("every worker's stream broke")
 
 
-# ------------------------------------------------------------------ the archive from the layer store
-
-def layer_parts(layerdb, diffdir):
-    """The exact bytes of a layer's tar, as (raw bytes | (path, size)) parts, from the layer's
-    tar-split record (the tar's headers and padding, kept by Docker when it stored the layer) and
-    the files in its folder; and their total size. This is how Docker itself rebuilds a layer for
-    `docker save` (vbatts/tar-split, asm.WriteOutputTarStream); `docker load` checks the result
-    against the layer's diff ID."""
-    parts, size = [], 0
-    with gzip.open(os.path.join(layerdb, "tar-split.json.gz"), "rt") as f:
-        for line in f:
-            e = json.loads(line)
-            if e["type"] == 2:  # a segment: raw tar bytes
-                data = base64.b64decode(e["payload"])
-                parts.append(data)
-                size += len(data)
-            elif e.get("size"):  # a file's content, from the layer's folder
-                name = e.get("name") or base64.b64decode(e["name_raw"]).decode("utf-8", "surrogateescape")
-                parts.append((os.path.join(diffdir, os.path.normpath("/" + name).lstrip("/")), e["size"]))
-                size += e["size"]
-    return parts, size
-
-
-def header(name, size):
-    info = tarfile.TarInfo(name)
-    info.size, info.mtime, info.mode = size, 0, 0o644
-    return info.tobuf(format=tarfile.USTAR_FORMAT)
-
-
-def assemble(spec):
-    """Write a `docker load` archive of the image to stdout straight from the daemon's layer store
-    (overlay2), with only the layers in ``need`` (chain IDs): no `docker save`, which first copies
-    every layer into a temporary folder. Exits non-zero when the store is not as expected."""
-    root, driver, ident = spec["root"], spec["driver"], spec["image_id"].split(":")[1]
-    base = os.path.join(root, "image", driver)
-    with open(os.path.join(base, "imagedb", "content", "sha256", ident), "rb") as f:
-        config = f.read()
-    diff_ids = json.loads(config)["rootfs"]["diff_ids"]
-    chains = chain_ids(diff_ids)
-    need = set(spec["need"])
-    out = sys.stdout.buffer
-    names = ["blobs/sha256/" + d.split(":")[1] for d in diff_ids]
-    for chain, name in zip(chains, names):
-        if chain not in need:
-            continue
-        layerdb = os.path.join(base, "layerdb", "sha256", chain.split(":")[1])
-        with open(os.path.join(layerdb, "cache-id")) as f:
-            diffdir = os.path.join(root, driver, f.read().strip(), "diff")
-        parts, size = layer_parts(layerdb, diffdir)
-        out.write(header(name, size))
-        for part in parts:
-            if isinstance(part, bytes):
-                out.write(part)
-                continue
-            path, left = part
-            with open(path, "rb") as f:
-                while left:
-                    data = f.read(min(CHUNK, left))
-                    if not data:
-                        raise SystemExit(f"{path} is shorter than its layer says")
-                    out.write(data)
-                    left -= len(data)
-        out.write(bytes(padded(size) - size))
-    manifest = json.dumps([{"Config": ident + ".json", "RepoTags": [spec["tag"]], "Layers": names}]).encode()
-    for name, data in ((ident + ".json", config), ("manifest.json", manifest)):
-        out.write(header(name, len(data)) + data + bytes(padded(len(data)) - len(data)))
-    out.write(bytes(2 * BLOCK))
-    out.flush()
-
-
 def source(spec, diff_ids):
     """The process whose stdout is the archive: the layer store when it can be read (directly, or
     in a throwaway container of the image itself for users who are in the docker group but cannot
-    read Docker's folder), else `docker save`."""
+    read Docker's folder), else `docker save`. Only the layers some worker lacks are read."""
     store = spec.get("store")
     if store:
-        chains = chain_ids(diff_ids)
-        held_by_all = set.intersection(*[set(w.get("have", ())) for w in spec["workers"]])
-        job = json.dumps({**store, "tag": spec["image"], "need": [c for c in chains if c not in held_by_all]})
-        me = os.path.abspath(__file__)
+        left_out = set.intersection(*(carried(w) for w in spec["workers"]))
+        job = json.dumps({**store, "tag": spec["image"],
+                          "need": [c for c in chain_ids(diff_ids) if c not in left_out]})
         readable = os.access(os.path.join(store["root"], "image", store["driver"], "imagedb"), os.R_OK | os.X_OK)
         if readable and store.get("via") != "container":
-            return "layer store", subprocess.Popen([sys.executable, me, "assemble", job],
+            return "layer store", subprocess.Popen([sys.executable, LAYERSTORE, job],
                                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         # the image itself reads it, when it has a python3
         run = ["docker", "run", "--rm", "-i", "--label", "sparkbook=imagestream", "--network", "none",
                "-v", f"{store['root']}:{store['root']}:ro", "--entrypoint", "python3", spec["image"]]
         if subprocess.run(run + ["-c", ""], capture_output=True).returncode == 0:
-            return "layer store (read in a container)", subprocess.Popen(
-                run + ["-", "assemble", job], stdin=open(me, "rb"), stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE)
+            with open(LAYERSTORE, "rb") as program:
+                return "layer store (read in a container)", subprocess.Popen(
+                    run + ["-", job], stdin=program, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     return "docker save", subprocess.Popen(["docker", "save", spec["image"]], stdout=subprocess.PIPE,
                                            stderr=subprocess.PIPE)
 
 
-def expected_bytes(spec, diff_ids, size, have):
-    """About how many archive bytes a worker holding ``have`` needs (for the ETA): the layer store's
-    size of each missing layer when it can be read, else the whole image."""
-    store = spec.get("store")
-    if not store:
-        return size
-    total = 0
-    for chain in chain_ids(diff_ids):
-        if chain in have:
-            continue
-        try:
-            with open(os.path.join(store["root"], "image", store["driver"], "layerdb", "sha256",
-                                   chain.split(":")[1], "size")) as f:
-                total += int(f.read())
-        except (OSError, ValueError):
-            return size
-    return total
-
-
-def stream(spec):
-    diff_ids, size = inspect(spec["image"])
-    sinks = [Sink(w) for w in spec["workers"]]
-    for s in sinks:
-        s.expected = expected_bytes(spec, diff_ids, size, s.have)
-        s.held = sum(c in s.have for c in chain_ids(diff_ids))
-    how, save = source(spec, diff_ids)
-    print("SOURCE", how, flush=True)
+def feed(src, diff_ids, sinks):
+    """The archive ``src`` split into the sinks, with every worker's PROGRESS each second; the error
+    that cut it short, or None."""
     done = threading.Event()
 
     def report():
         while not done.wait(1.0):
-            for s in sinks:
-                print("PROGRESS", s.name, s.sent, s.skipped, s.expected, s.wire, flush=True)
+            progress(sinks)
 
     threading.Thread(target=report, daemon=True).start()
-    failed = None
     try:
-        split(save.stdout, Layers(diff_ids), sinks)
+        split(src, Layers(diff_ids), sinks)
+        return None
     except (EOFError, ValueError, OSError) as e:
-        failed = str(e)
+        return str(e)
+    finally:
+        done.set()
+
+
+def progress(sinks):
+    for s in sinks:
+        if not s.feeds:  # a relay reports its own worker
+            say("PROGRESS", s.name, s.sent, s.skipped, s.expected, s.wire)
+
+
+def end(sinks, failed, source):
+    """Every sink closed (stopped when ``failed``), then each worker's DONE as soon as it ends."""
+    for s in sinks:
+        s.close(failed)
+
+    def one(s):
+        for record in s.finish(source):
+            if record["name"] == s.name and not s.feeds:
+                progress([s])
+            say("DONE", json.dumps(record))
+
+    threads = [threading.Thread(target=one, args=(s,)) for s in sinks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def rchar():
+    """The bytes this process has read: rchar of /proc/self/io, every read(2) of every thread, pipes
+    included (-1 where the kernel does not say). Taken before the children are reaped: the kernel
+    then adds each one's reads to its parent's (an SSH client reads its whole stream)."""
+    try:
+        with open("/proc/self/io") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+    except (OSError, StopIteration, ValueError):
+        return -1
+
+
+def stream(spec):
+    """On the head: one read of the image into the workers it feeds (and through them, the rest)."""
+    diff_ids, size = inspect(spec["image"])
+    chains = chain_ids(diff_ids)
+    for w in tree(spec["workers"]):
+        w["expected"] = expected_bytes(spec, diff_ids, size, set(w["have"]))
+        w["held"] = sum(c in w["have"] for c in chains)
+    how, save = source(spec, diff_ids)
+    widen(save.stdout)
+    say("SOURCE", how)
+    job = {"diff_ids": diff_ids, "source": how, "from": spec.get("from", "the head")}
+    sinks = [Sink(w, job) for w in spec["workers"]]
+    failed = feed(save.stdout, diff_ids, sinks)
+    read = rchar()
     if failed:
         save.kill()
     code = save.wait()
@@ -404,10 +436,16 @@ def stream(spec):
         failed += f" ({how}: {said.splitlines()[-1]})"
     if code != 0 and failed is None:
         failed = f"{how} exited {code}: {said}"
-    done.set()
-    for s in sinks:
-        print("PROGRESS", s.name, s.sent, s.skipped, s.expected, s.wire, flush=True)
-        print("DONE", json.dumps({**s.finish(failed), "source": how, "held": s.held}), flush=True)
+    end(sinks, failed, how)
+    say("READ", read)
+
+
+def relay(spec):
+    """On a worker: the archive from stdin into this worker's `docker load` and on to those it feeds."""
+    job = {"diff_ids": spec["diff_ids"], "source": spec["source"], "from": spec["name"]}
+    own = {k: spec[k] for k in ("name", "have", "expected", "held")}
+    sinks = [Sink(own, job)] + [Sink(w, job) for w in spec["feeds"]]
+    end(sinks, feed(sys.stdin.buffer, spec["diff_ids"], sinks), spec["source"])
 
 
 def probe(spec):
@@ -446,4 +484,4 @@ def probe(spec):
 
 
 if __name__ == "__main__":
-    {"stream": stream, "probe": probe, "assemble": assemble}[sys.argv[1]](json.loads(sys.argv[2]))
+    {"stream": stream, "relay": relay, "probe": probe}[sys.argv[1]](json.loads(sys.argv[2]))

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The manifest of a model folder: one line "SIZE<TAB>-<TAB>PATH" per file (sorted by path), then
 # "#PATH<TAB>SHA256" for the hashed files; or "absent" when the folder does not exist.
+# .cache/huggingface is left out: huggingface_hub's bookkeeping of a download into the folder (and
+# sparkbook's partial files of one), which differs from node to node and is never copied.
 # Usage: model_manifest.sh MODEL_DIR all|config
 #   all: hash every file; config: only config-like files (what makes two copies behave differently)
 set -euo pipefail
@@ -10,10 +12,13 @@ if [ ! -d "$dir" ]; then
   exit 0
 fi
 cd -- "$dir"
-find . -type f -printf '%s\t-\t%P\n' | sort -k3
+files() {  # find's tests for the files to list, after the left-out folder
+  find . -path ./.cache/huggingface -prune -o -type f "$@"
+}
+files -printf '%s\t-\t%P\n' | sort -k3
 if [ "$scope" = all ]; then
-  find . -type f -print0
+  files -print0
 else
-  find . -type f \( -name '*.json' -o -name '*.jinja' -o -name '*.txt' -o -name '*.model' \
+  files \( -name '*.json' -o -name '*.jinja' -o -name '*.txt' -o -name '*.model' \
     -o -name '*.py' -o -name '*.tiktoken' \) -print0
 fi | xargs -0 -r sha256sum | sed 's#  \./#\t#' | awk -F'\t' '{print "#" $2 "\t" $1}'

@@ -66,9 +66,9 @@ def serve_args(params: Params, node: Node) -> list[str]:
             args.append("--enable-auto-tool-choice")
     if s.executor == "ray":
         args += ["--distributed-executor-backend", "ray"]
-    elif len(p.nodes) > 1:
-        rank = p.nodes.index(node)
-        args += ["--distributed-executor-backend", "mp", "--nnodes", str(len(p.nodes)),
+    elif len(p.serving_nodes) > 1:
+        rank = p.serving_nodes.index(node)
+        args += ["--distributed-executor-backend", "mp", "--nnodes", str(len(p.serving_nodes)),
                  "--node-rank", str(rank), "--master-addr", p.head.fabric_address,
                  "--master-port", str(p.ports.master)]
         if rank:
@@ -141,9 +141,9 @@ def serving_container(params: Params) -> str:
     return container_name(params, params.serving.executor == "ray")
 
 
-def serving_nodes(params: Params) -> list[Node]:
-    """The nodes with a serving container to watch: the head (Ray), every node (mp)."""
-    return [params.head] if params.serving.executor == "ray" else params.nodes
+def watched_nodes(params: Params) -> list[Node]:
+    """The nodes with a vllm serve container to watch: the head (Ray), every serving node (mp)."""
+    return [params.head] if params.serving.executor == "ray" else params.serving_nodes
 
 
 def groups(nodes: list[Node], ray: bool) -> list[list[Node]]:
@@ -163,12 +163,12 @@ def commands_table(params: Params, ray_only: bool = False) -> Table:
     """The exact commands, node by node, for a person to rerun by hand (secrets masked)."""
     rows = []
     if params.serving.executor == "ray" or ray_only:
-        for n in params.nodes:
+        for n in params.serving_nodes:
             rows.append([n.name, "Ray container", shown(container_command(params, n, ray=True))])
         if not ray_only:
             rows.append([params.head.name, "vllm serve", shown(ray_serve_command(params))])
     else:
-        for group in groups(params.nodes, ray=False):
+        for group in groups(params.serving_nodes, ray=False):
             rows += [[n.name, "vllm serve container", shown(container_command(params, n, ray=False))]
                      for n in group]
     return Table(["node", "what", "command"], rows, title="commands", max_width=4000)

@@ -23,7 +23,7 @@ from ..remote import Cluster, script
 from ..step import Outcome
 from ..verdict import Check
 from .commands import (ENGINE_PATTERN, RAY_CONTAINER, SERVE_FP, SERVE_PATTERN, fingerprint, ray_serve_command,
-                       serving_container, serving_nodes)
+                       serving_container, watched_nodes)
 from .logs import Diagnosis, collect_logs, diagnose
 from .ray import ray_nodes
 from .startup import Stall, StallWatch, read_progress
@@ -61,7 +61,7 @@ def serve(params: Params, cluster: Cluster, run_dir: Path,
     """Bring vLLM up across the nodes (or keep it, when it is healthy and unchanged), wait for it,
     and diagnose when it does not come up. Never leaves a half-started deployment running."""
     t0 = time.monotonic()
-    dep = Deployment(fingerprints={n.name: fingerprint(params, n, False) for n in serving_nodes(params)},
+    dep = Deployment(fingerprints={n.name: fingerprint(params, n, False) for n in watched_nodes(params)},
                      executor=params.serving.executor)
     states = node_states(params, cluster)
     bad = [f"{n}: {s.error}" for n, s in states.items() if s.error]
@@ -93,7 +93,7 @@ def serve(params: Params, cluster: Cluster, run_dir: Path,
     finally:
         if not dep.ready:
             dep.diagnosis = diagnose(params, cluster, run_dir)
-            dep.logs = {n.name: str(run_dir / "logs" / n.name) for n in params.nodes}
+            dep.logs = {n.name: str(run_dir / "logs" / n.name) for n in params.serving_nodes}
             say("not ready: logs of every node saved; stopping what was started")
             remove_serving(params, cluster, grace=10)  # a hung rank would hold a graceful stop
     record_ray_workers(params, cluster, dep)
@@ -118,17 +118,17 @@ def what_runs(params: Params, cluster: Cluster, states: dict[str, NodeState],
         now = serving_fingerprint(params, cluster)
         return now is not None, now == fingerprints[params.head.name]
     name = serving_container(params)
-    return (any(name in s.containers for s in states.values()),
-            all(states[n].current(name, fp) for n, fp in fingerprints.items()))
+    on = {n for n, s in states.items() if name in s.containers}
+    return bool(on), on == set(fingerprints) and all(states[n].current(name, fp) for n, fp in fingerprints.items())
 
 
 def start_serving(params: Params, cluster: Cluster, states: dict[str, NodeState],
                   say: Callable[[str], object]) -> None:
     """vllm serve in the head's Ray container (04's cluster must run), or the mp containers."""
     if params.serving.executor != "ray":
-        start(params, cluster, params.nodes, False, say=say)
+        start(params, cluster, params.serving_nodes, False, say=say)
         return
-    if not all(states[n.name].running(RAY_CONTAINER) for n in params.nodes):
+    if not all(states[n.name].running(RAY_CONTAINER) for n in params.serving_nodes):
         raise CheckFailed("the Ray cluster is not running on every node: run 04_ray_cluster first")
     cluster.run(ray_serve_command(params), [params.head], timeout=60).check(
         "start vllm serve in the Ray container", "see the message above; 04_ray_cluster "

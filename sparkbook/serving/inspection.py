@@ -84,7 +84,7 @@ def inspect_image(params: Params, cluster: Cluster, run_dir: Path | None = None)
 def configured_options(params: Params) -> list[str]:
     """Every ``--option`` that sparkbook would pass to ``vllm serve`` on any node."""
     seen = []
-    for n in params.nodes:
+    for n in params.serving_nodes:
         for a in serve_args(params, n):
             if a.startswith("--"):
                 o = a.split("=", 1)[0]

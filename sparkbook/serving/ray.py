@@ -59,13 +59,13 @@ def ray_nodes(params: Params, cluster: Cluster) -> RayCluster:
     found = re.search(r"^RAYNODES (.*)$", r.stdout, re.M)
     if not found:
         out.error = r.summary()
-        out.missing = [n.name for n in params.nodes]
+        out.missing = [n.name for n in params.serving_nodes]
         return out
     by_ip = {n.fabric_address: n.name for n in params.nodes}
     for rec in json.loads(found.group(1)):
         if rec["alive"] and rec["ip"] in by_ip:
             out.nodes[by_ip[rec["ip"]]] = rec
-    out.missing = [n.name for n in params.nodes if n.name not in out.nodes]
+    out.missing = [n.name for n in params.serving_nodes if n.name not in out.nodes]
     actors = re.search(r"^RAYACTORS (.*)$", r.stdout, re.M)
     if actors:
         out.actors = [{"cls": a["class"], "node": by_ip.get(a["ip"], a["ip"])} for a in json.loads(actors.group(1))]
@@ -82,14 +82,18 @@ def form_ray_cluster(params: Params, cluster: Cluster, run_dir: Path | None = No
     the mp executor nothing uses the cluster: it is stopped once checked."""
     start_t = time.monotonic()
     current = node_states(params, cluster)
-    running = all(current[n.name].current(RAY_CONTAINER, fingerprint(params, n, True)) for n in params.nodes)
-    rc = ray_nodes(params, cluster) if running else RayCluster(missing=[n.name for n in params.nodes])
+    stray = [n for n in params.nodes if n not in params.serving_nodes and current[n.name].running(RAY_CONTAINER)]
+    if stray:  # a node that no longer serves must not offer its GPUs to vLLM's placement group
+        say(f"removing the Ray container of {', '.join(n.name for n in stray)}: not in serving.nodes")
+        cluster.run(["docker", "rm", "-f", RAY_CONTAINER], stray)
+    running = all(current[n.name].current(RAY_CONTAINER, fingerprint(params, n, True)) for n in params.serving_nodes)
+    rc = ray_nodes(params, cluster) if running else RayCluster(missing=[n.name for n in params.serving_nodes])
     if not rc.missing:
         say("the Ray cluster is already up with every node and matches the parameters: kept")
     else:
         require_image(params, current)
         try:
-            start(params, cluster, params.nodes, True, say=say)
+            start(params, cluster, params.serving_nodes, True, say=say)
         except CheckFailed:  # the head may have started before a worker failed
             stop_ray(params, cluster, run_dir)
             raise
@@ -106,11 +110,11 @@ def form_ray_cluster(params: Params, cluster: Cluster, run_dir: Path | None = No
 def wait_joined(params: Params, cluster: Cluster, timeout: float) -> RayCluster:
     """Ray's view of the cluster once every node has joined, or at ``timeout``."""
     deadline = time.monotonic() + timeout
-    rc = RayCluster(missing=[n.name for n in params.nodes])
+    rc = RayCluster(missing=[n.name for n in params.serving_nodes])
     with Progress("Ray cluster") as progress:
         while time.monotonic() < deadline:
             rc = ray_nodes(params, cluster)
-            progress.update("nodes", f"{len(rc.nodes)} of {len(params.nodes)} joined"
+            progress.update("nodes", f"{len(rc.nodes)} of {len(params.serving_nodes)} joined"
                             + (f"; waiting for {', '.join(rc.missing)}" if rc.missing else ""))
             if not rc.missing:
                 break

@@ -102,7 +102,7 @@ def read_progress(params: Params, cluster: Cluster) -> dict[str, NodeProgress]:
         return script("serving_progress.sh", RAY_CONTAINER, "ray-worker", TAIL_LINES)
 
     out = {}
-    for n, r in cluster.run(cmd, params.nodes, timeout=30).items():
+    for n, r in cluster.run(cmd, params.serving_nodes, timeout=30).items():
         first, _, rest = r.stdout.partition("\n")
         sections = parse_sections(rest)
         try:

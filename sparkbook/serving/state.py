@@ -83,8 +83,10 @@ def start(params: Params, cluster: Cluster, nodes: list[Node], ray: bool,
 def require_image(params: Params, states: dict[str, NodeState]) -> None:
     """Every node holds the head's image, the same ID, before anything starts: otherwise Docker
     would try a registry (on a private cluster: a long wait, then an unrelated-looking error), or
-    nodes would run different vLLM builds. ``states``: :func:`node_states` of every node."""
-    ids = {n: s.image for n, s in states.items()}
+    nodes would run different vLLM builds. ``states``: :func:`node_states` of every node; only the
+    serving nodes are held to it."""
+    serving = {n.name for n in params.serving_nodes}
+    ids = {n: s.image for n, s in states.items() if n in serving}
     head = ids.get(params.head.name)
     bad = []
     for node, image_id in ids.items():
@@ -103,7 +105,7 @@ def require_image(params: Params, states: dict[str, NodeState]) -> None:
 def port_conflicts(params: Params, states: dict[str, NodeState]) -> list[Check]:
     """Ports 05 needs that something holds (checked once sparkbook's own serving is stopped)."""
     needs = [("api", params.ports.api)]
-    if params.serving.executor == "mp" and len(params.nodes) > 1:
+    if params.serving.executor == "mp" and len(params.serving_nodes) > 1:
         needs.append(("master", params.ports.master))
     st = states.get(params.head.name)
     out = []

@@ -1,5 +1,6 @@
 """03_distribute_image: the same image and the same model on every node, sending only what is
-missing (:mod:`sparkbook.distribution`)."""
+missing (:mod:`sparkbook.distribution`); with ``model.source: hf`` the model is downloaded onto the
+head first."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..distribution.image import (ImageOutcome, Survey, distribute_image, image_checks, image_table,
                                   survey, survey_table, transfers_summary)
+from ..distribution.hub import HubOutcome, fetch_model, hub_checks
 from ..distribution.model import ModelOutcome, model_checks, model_table, sync_model
 from ..params import Params
 from ..step import Outcome
@@ -24,15 +26,18 @@ TITLE = "03 image and model"
 
 @dataclass
 class DistributionOutcome(Outcome):
-    """What every node held (the survey), the image copy and the model sync."""
+    """What every node held (the survey), the image copy, the download from the hub (with
+    ``model.source: hf``) and the model sync."""
 
     FILE: ClassVar[str] = "distribution.json"
     survey: Survey
     image: ImageOutcome
     model: ModelOutcome
+    hub: HubOutcome | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"image": self.image.to_json(), "model": self.model.to_json()}
+        hub = {"hub": self.hub.to_json()} if self.hub else {}
+        return {"image": self.image.to_json(), **hub, "model": self.model.to_json()}
 
     def save(self, run_dir: Path) -> Path | None:
         """``distribution.json``, and the image's copies in ``image_transfers.csv``."""
@@ -40,15 +45,23 @@ class DistributionOutcome(Outcome):
         return super().save(run_dir)
 
     def key_numbers(self) -> list[tuple[str, str]]:
-        return [("image distribution", transfers_summary(self.image))]
+        hub = [("model download", self.hub.summary())] if self.hub else []
+        return [("image distribution", transfers_summary(self.image)), *hub]
 
 
 def run(ctx: Context) -> DistributionOutcome:
-    """Survey every node, copy the image where it differs from the head's, then the model files
-    that differ."""
-    found = survey(ctx.params, ctx.cluster)
-    image = distribute_image(ctx.params, ctx.cluster, found)
-    return DistributionOutcome(found, image, sync_model(ctx.params, ctx.cluster))
+    """Survey every node, copy the image where it differs from the head's, download the model
+    onto the head (``model.source: hf``), then copy the model files that differ."""
+    params, cluster = ctx.params, ctx.cluster
+    found = survey(params, cluster)
+    image = distribute_image(params, cluster, found)
+    hub = fetch_model(params, cluster) if params.model.source == "hf" else None
+    if hub and hub.error:  # a half-downloaded model is not copied to the workers
+        model = ModelOutcome(params.model.path, params.distribution.model_sync,
+                             head_error=f"the download from the hub failed: {hub.error}")
+    else:
+        model = sync_model(params, cluster)
+    return DistributionOutcome(found, image, model, hub)
 
 
 def table(outcome: DistributionOutcome) -> Table:
@@ -67,5 +80,6 @@ def model_copies(outcome: DistributionOutcome) -> Table:
 
 
 def checks(params: Params, outcome: DistributionOutcome) -> list[Check]:
-    """The image and the model, node by node."""
-    return image_checks(params, outcome.image) + model_checks(params, outcome.model)
+    """The image, the download from the hub, and the model, node by node."""
+    return (image_checks(params, outcome.image) + hub_checks(params, outcome.hub)
+            + model_checks(params, outcome.model))

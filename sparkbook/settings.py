@@ -1,0 +1,86 @@
+"""The sections of a parameters file that set what the hardware is expected to deliver and how the
+steps measure and copy (expectations, collectives, distribution, benchmark); the deployment itself
+(nodes, runtime, model, serving, ports) is in :mod:`sparkbook.params`."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class Section(BaseModel):
+    """A section of a parameters file: unknown fields are errors, values never change."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Expectations(Section):
+    gpu_name: str | None = Field(None, description="e.g. 'NVIDIA GB10'; None skips the name check")
+    gpus_per_node: int = Field(1, ge=0)
+    mtu: int = Field(9000, ge=576, le=65535)
+    link_rate_gbps: float = Field(200, gt=0)
+    busbw_gbps: float = Field(21.875, gt=0, description="all-reduce bus bandwidth bar, GB/s")
+    min_disk_gb: float = Field(0, ge=0)
+
+
+class Collectives(Section):
+    """The all-reduce sweep of 02_collectives."""
+
+    min_size_mb: float = Field(1, gt=0)
+    max_size_mb: float = Field(1024, gt=0)
+    iters: int = Field(20, ge=1)
+    warmup: int = Field(5, ge=0)
+    timeout_s: float = Field(600, gt=0, description="hard limit for the whole sweep")
+    backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="auto: nccl with GPUs, else gloo")
+    master_port: int | None = Field(None, ge=1, le=65535, description="default: ports.master + 1")
+
+    def sizes(self) -> list[int]:
+        """Powers of two from the smallest to the largest size, in bytes."""
+        out, size = [], int(self.min_size_mb * 2**20)
+        while size <= self.max_size_mb * 2**20:
+            out.append(size)
+            size *= 2
+        return out
+
+
+class Distribution(Section):
+    """How 03 gets the image and the model onto every node."""
+    source: Literal["head", "registry"] = Field(
+        "head", description="head: stream the head's image to the workers over SSH; registry: "
+        "`docker pull` on every node")
+    compress: Literal["auto", "on", "off"] = Field(
+        "auto", description="zstd on the stream; auto: when both ends have zstd and it outruns the pipe")
+    reader: Literal["auto", "container", "docker-save"] = Field(
+        "auto", description="auto: read the head's layers straight from Docker's layer store "
+        "(overlay2), which starts at once, in a throwaway container of the image where the SSH user "
+        "cannot read Docker's folder (container: always so); docker-save: always `docker save`, "
+        "which first copies the whole image into a temporary folder")
+    parallel: int = Field(4, ge=1, description="workers the head streams the image to itself; beyond "
+                          "that, each of those passes the stream on to at most this many more (a "
+                          "tree), so one read on the head feeds every worker")
+    timeout_s: float = Field(3600, gt=0, description="limit for one image or model copy")
+    model_sync: bool = Field(True, description="copy the model from the head where a worker's "
+                             "differs; off where the model lives on shared storage (NFS)")
+
+
+class Reference(Section):
+    label: str
+    single_user_tok_s: float | None = Field(None, gt=0)
+
+
+class Benchmark(Section):
+    context_depths: list[int] = Field(default_factory=lambda: [0, 4096, 16384])
+    concurrency: list[int] = Field(default_factory=lambda: [1, 2, 4, 8])
+    output_tokens: int = Field(256, ge=1)
+    prompt_tokens: int = Field(512, ge=1)
+    requests_per_level: int = Field(16, ge=1)
+    request_rates: list[float] = Field(default_factory=list)
+    seed: int = 0
+    references: list[Reference] = Field(default_factory=list)
+
+    @field_validator("concurrency", "context_depths")
+    @classmethod
+    def _non_negative(cls, v: list[int]) -> list[int]:
+        if any(x < 0 for x in v):
+            raise ValueError("values must not be negative")
+        return v

@@ -1,0 +1,69 @@
+"""The whole runbook on a 4-node lab, 00 to 08, the way a Spark owner with four boxes on a switch
+runs it: tensor parallel 2 x pipeline parallel 2 over the Ray executor, with the parameters file
+that `sparkbook lab up --nodes 4` writes. The session's 2-node lab is taken down for it and brought
+back after (its workers then lack the image: tests that need it run 03 first)."""
+
+import json
+import re
+
+import pytest
+import yaml
+
+from sparkbook.runner import run
+
+STEPS = ["00_inventory", "01_preflight", "02_collectives", "03_distribute_image", "04_ray_cluster",
+         "05_serve", "06_smoke_test", "07_benchmark", "08_teardown"]
+NODES = [f"spark-{i}" for i in range(1, 5)]
+
+
+@pytest.fixture(scope="module")
+def quad_run(lab, tmp_path_factory):
+    quiet = lambda *_: None  # noqa: E731
+    lab.down(say=quiet)
+    try:
+        path = lab.up(4, say=quiet)
+        out = tmp_path_factory.mktemp("quad")
+        summary = run(path, out=out)
+    finally:
+        lab.down(say=quiet)
+        lab.up(2, say=quiet)
+    return out, summary
+
+
+def verdict(out, step):
+    return json.loads((out / "verdicts" / f"{step}.json").read_text())
+
+
+def test_every_step_passes_on_four_nodes(quad_run):
+    out, summary = quad_run
+    assert [(s["name"], s["status"]) for s in summary["steps"]] == [(s, "passed") for s in STEPS], \
+        json.dumps(summary, indent=2)
+
+
+def test_tp2_pp2_ran_one_ray_worker_per_node_and_a_second_pipeline_stage(quad_run):
+    out, _ = quad_run
+    params = yaml.safe_load((out / "parameters.yaml").read_text())
+    s = params["serving"]
+    assert (s["tensor_parallel_size"], s["pipeline_parallel_size"], s["executor"]) == (2, 2, "ray")
+    serving = json.loads((out / "serving.json").read_text())
+    assert serving["ray_workers"] == {n: 1 for n in NODES}
+    log = (out / "logs" / "spark-1" / "vllm-serve.log").read_text(errors="replace")
+    assert re.search(r"Worker_PP1_TP[01]", log), "no rank of the second pipeline stage in vllm serve's log"
+    smoke = {c["check"]: c["status"] for c in verdict(out, "06_smoke_test")["checks"]}
+    assert set(smoke.values()) == {"PASS"}, smoke
+
+
+def test_preflight_names_the_switch_and_reaches_the_serving_ports_between_all_nodes(quad_run):
+    out, _ = quad_run
+    checks = verdict(out, "01_preflight")["checks"]
+    layout = [c for c in checks if c["check"] == "fabric layout"]
+    assert len(layout) == 1 and layout[0]["status"] == "PASS" and "switch" in layout[0]["observed"]
+    tcp = {c["node"]: c["status"] for c in checks if c["check"].startswith("tcp")}
+    assert tcp == {n: "PASS" for n in NODES}
+
+
+def test_the_report_shows_a_node_by_check_matrix(quad_run):
+    out, _ = quad_run
+    html = (out / "report.html").read_text()
+    assert "sparkbook-by-node" in html and html.count("sparkbook-matrix") >= 3  # 00, 01, 08 at least
+    assert all(f">{n}<" in html for n in NODES)
