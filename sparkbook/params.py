@@ -235,9 +235,10 @@ class Params(Section):
 
     @property
     def serving_nodes(self) -> list[Node]:
-        """The nodes that run serving containers (Ray or vllm serve), in the parameters' order."""
+        """The nodes that run serving containers (Ray or vllm serve): the head first (rank 0 with
+        mp, where the API runs), then the others in the parameters' order."""
         names = self.serving.nodes
-        return list(self.nodes) if names is None else [n for n in self.nodes if n.name in names]
+        return [self.head] + [n for n in self.workers if names is None or n.name in names]
 
     @property
     def endpoint(self) -> str:
@@ -336,7 +337,8 @@ def _semantic_problems(p: Params) -> list[tuple[str, str]]:
         others = [o for o, w in ports.items() if w == v and o != k]
         if others and k < others[0]:
             problems.append((f"ports.{k}", f"port {v} is also ports.{others[0]}"))
-    problems += _serving_problems(p)
+    if len(heads) == 1:
+        problems += _serving_problems(p)
     if p.runtime.kind == "docker" and not p.runtime.image:
         problems.append(("runtime.image", "required when runtime.kind is 'docker'"))
     if p.runtime.kind == "venv" and not p.runtime.venv:

@@ -84,3 +84,21 @@ class Benchmark(Section):
         if any(x < 0 for x in v):
             raise ValueError("values must not be negative")
         return v
+
+
+def relay_plan(head: str, workers: list[str], parallel: int) -> dict[str, list[str]]:
+    """Who feeds whom: the head feeds the first ``parallel`` workers, and every worker at most
+    ``parallel`` more (a worker's link is no wider than the head's), level by level, each feeder's
+    first before any feeder's second: the shallowest tree, relays evenly loaded. With ``parallel``
+    1, a chain. Only feeders appear."""
+    plan: dict[str, list[str]] = {}
+    level, rest = [head], list(workers)
+    while rest:
+        fed = []
+        for _ in range(parallel):
+            for feeder in level:
+                if rest:
+                    plan.setdefault(feeder, []).append(rest[0])
+                    fed.append(rest.pop(0))
+        level = fed
+    return plan

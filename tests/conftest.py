@@ -1,6 +1,7 @@
 import os
 import shutil
 import socket
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -102,6 +103,21 @@ def lab():
     yield the_lab
     the_lab.down(say=lambda *_: None)
     assert leftovers() == [], "lab down left things behind"
+
+
+@contextmanager
+def resized(lab, n: int):
+    """The session's lab with ``n`` nodes for a while (`lab up` takes seconds once the image is
+    built), then the usual 2 again. The workers of either come up without the serving image: tests
+    that need it there copy it first (03, or ensure_image)."""
+    quiet = lambda *_: None  # noqa: E731
+    lab.down(say=quiet)
+    try:
+        lab.up(n, say=quiet)
+        yield lab
+    finally:
+        lab.down(say=quiet)
+        lab.up(2, say=quiet)
 
 
 @pytest.fixture(scope="module")

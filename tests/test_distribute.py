@@ -22,16 +22,18 @@ from types import SimpleNamespace
 
 import pytest
 
+from conftest import resized
 from sparkbook.distribution import image
 from sparkbook.distribution.image import (ImageOutcome, NodeImage, Survey, Transfer, distribute_image,
-                                          ensure_image, image_checks, parse_survey, relay_plan, survey_script)
+                                          ensure_image, image_checks, parse_survey, survey_script)
 from sparkbook.distribution.model import (ModelCopy, ModelOutcome, manifests, model_checks, sync_model,
-                                          sync_script)
+                                          sync_rounds, sync_script)
 from sparkbook.lab import faults
 from sparkbook.lab.lab import docker
 from sparkbook.lab.nodes import lab_params, params_file
 from sparkbook.params import load, validate
-from sparkbook.remote import REMOTE_DIR, SCRIPTS, script
+from sparkbook.remote import REMOTE_DIR, SCRIPTS, script, sh
+from sparkbook.settings import relay_plan
 from sparkbook.runner import run
 from sparkbook.scripts.imagestream import Layers, carried, chain_ids, split, v1_ids
 from sparkbook.scripts.layerstore import expected_bytes
@@ -538,7 +540,8 @@ def test_a_relay_that_fails_names_itself_and_the_workers_behind_it(local_nodes):
     assert sorted(bad) == ["spark-2", "spark-3", "spark-4"]
     assert "SSH from spark-2 to spark-3" in bad["spark-3"].remedy
     assert bad["spark-4"].command.endswith(
-        f"| ssh spark-3 imagestream.py relay | ssh {params.node('spark-4').peer_target} docker load")
+        f"| ssh {params.node('spark-3').peer_target} python3 /tmp/sparkbook/imagestream.py relay SPEC "
+        f"| ssh {params.node('spark-4').peer_target} docker load")
 
     # with spark-3 reachable again, the chain delivers to the workers behind spark-2
     (local_nodes.root / "spark-2" / "full").unlink()
@@ -578,8 +581,15 @@ def test_compression_is_chosen_for_the_streams_the_head_feeds_at_once():
 # ------------------------------------------------------------------------------------- on the lab
 
 @pytest.fixture(scope="module")
+def lab(lab):
+    """The session's lab with 4 nodes for this module: three workers to copy to, relayed or not."""
+    with resized(lab, 4):
+        yield lab
+
+
+@pytest.fixture(scope="module")
 def params(lab):
-    """The running lab's parameters: every node it has (2, or 4 for the relayed copies)."""
+    """The running lab's parameters: its 4 nodes."""
     return lab.params()
 
 
@@ -801,3 +811,28 @@ def test_a_worker_without_the_model_gets_all_of_it(lab, params, cluster):
     assert out.before[worker.name] == {n: "missing" for n in files}
     assert out.after[worker.name] == {} and not failures(model_checks(params, out))
     assert out.synced[worker.name].files == len(files)
+
+
+def test_model_copies_go_round_by_round_from_the_head_then_from_the_workers_that_hold_it():
+    params = validate(lab_params(8))
+    workers = [w.name for w in params.workers]
+    assert sync_rounds(params, workers) == [
+        {"spark-1": ["spark-2", "spark-3", "spark-4", "spark-5"]},
+        {"spark-2": ["spark-6"], "spark-3": ["spark-7"], "spark-4": ["spark-8"]}]
+    chain = params.model_copy(update={"distribution": params.distribution.model_copy(update={"parallel": 1})})
+    assert sync_rounds(chain, workers[:3]) == [{"spark-1": ["spark-2"]}, {"spark-2": ["spark-3"]},
+                                               {"spark-3": ["spark-4"]}]
+    assert sync_rounds(params, []) == []
+
+
+def test_the_model_reaches_every_worker_along_a_chain(lab, params, cluster):
+    """distribution.parallel 1: the head copies to spark-2, spark-2 to spark-3, spark-3 to spark-4;
+    every worker ends with the head's files, each copy named with its source."""
+    chain = params.model_copy(update={"distribution": params.distribution.model_copy(update={"parallel": 1})})
+    config = f"{params.model.path}/config.json"
+    cluster.run(sh("echo ' ' >> {f}", f=config), params.workers).check("change every worker's config")
+    out = sync_model(chain, cluster, show=False, say=lambda *_: None)
+    assert not failures(model_checks(chain, out)), out.after
+    names = [w.name for w in params.workers]
+    assert [out.synced[w].command.split(":")[0] for w in names] == ["on spark-1"] + [f"on {n}" for n in names[:-1]]
+    assert all(out.after[w] == {} for w in names)

@@ -9,6 +9,8 @@ import re
 import pytest
 import yaml
 
+from conftest import resized
+from sparkbook.lab import params_file
 from sparkbook.runner import run
 
 STEPS = ["00_inventory", "01_preflight", "02_collectives", "03_distribute_image", "04_ray_cluster",
@@ -18,16 +20,9 @@ NODES = [f"spark-{i}" for i in range(1, 5)]
 
 @pytest.fixture(scope="module")
 def quad_run(lab, tmp_path_factory):
-    quiet = lambda *_: None  # noqa: E731
-    lab.down(say=quiet)
-    try:
-        path = lab.up(4, say=quiet)
+    with resized(lab, 4):
         out = tmp_path_factory.mktemp("quad")
-        summary = run(path, out=out)
-    finally:
-        lab.down(say=quiet)
-        lab.up(2, say=quiet)
-    return out, summary
+        return out, run(params_file(4), out=out)
 
 
 def verdict(out, step):

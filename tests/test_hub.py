@@ -265,7 +265,7 @@ def test_the_download_runs_in_the_serving_image_as_the_ssh_user(monkeypatch):
     assert "HF_ENDPOINT=http://10.77.0.1:8081" in cmd and cmd[cmd.index("--env-file") + 1] == TOKEN_FILE
     entry = cmd.index("--entrypoint")
     assert cmd[entry:entry + 5] == ["--entrypoint", "python3", params.runtime.image, "-c", program]
-    assert cmd[-5:] == ["--revision", "abc123", "--", "-org/model", "/models/tiny-qwen3"]
+    assert cmd[-4:] == ["--revision=abc123", "--", "-org/model", "/models/tiny-qwen3"]
     text = shown(cmd, program)
     assert program not in text and '"$(cat sparkbook/scripts/hub_download.py)"' in text
     venv = params.model_copy(update={"runtime": params.runtime.model_copy(

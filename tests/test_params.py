@@ -93,7 +93,9 @@ def test_cross_field_problems():
     assert "also nodes[0].rails[1].ip" in got["nodes[1].rails[1].ip"]
     assert "duplicate" in got["nodes[1].name"]
     assert "ports.ray" in got["ports.api"]
-    assert "= 4 GPUs, but the 2 serving nodes" in got["serving.tensor_parallel_size"]
+    assert "serving.tensor_parallel_size" not in got  # the serving checks wait for one head
+    d["nodes"][1]["role"] = "worker"
+    assert "= 4 GPUs, but the 2 serving nodes" in problems(d)["serving.tensor_parallel_size"]
 
 
 def test_rails_of_one_node_need_their_own_subnets():
@@ -205,3 +207,22 @@ def test_mp_ranks_count_only_the_serving_nodes():
     ranks = [a[a.index("--node-rank") + 1] for a in args]
     assert ranks == ["0", "1", "2", "3"] and all(a[a.index("--nnodes") + 1] == "4" for a in args)
     assert ["--headless" in a for a in args] == [False, True, True, True]
+
+
+def test_with_mp_the_head_is_rank_0_wherever_the_file_lists_it():
+    """vLLM's API runs on rank 0 and --master-addr is the head's: a head listed second must still be
+    rank 0, not a headless worker."""
+    d = lab_params(2)
+    d["nodes"].reverse()
+    d["serving"]["executor"] = "mp"
+    p = validate(d)
+    assert [n.name for n in p.serving_nodes] == ["spark-1", "spark-2"]
+    head = serve_args(p, p.head)
+    assert head[head.index("--node-rank") + 1] == "0" and "--headless" not in head
+
+
+def test_no_head_is_one_named_error_even_with_serving_nodes():
+    d = lab_params(2)
+    d["nodes"][0]["role"] = "worker"
+    d["serving"]["nodes"] = ["spark-1"]
+    assert list(problems(d)) == ["nodes"]

@@ -274,7 +274,7 @@ def test_tcp_checks_one_row_per_node_and_a_fail_per_blocked_port():
     assert rows[0].observed == "ray 6379, master 29501, all-reduce 29502, api 8000 on 10.77.1.11: reached from 2 peers"
     fail = rows[1]
     assert fail.observed == ("a → b 10.77.1.12:6379 (ray): no answer within 2 s: dropped by a firewall (filtered)")
-    assert "sudo ufw allow from 10.77.1.0/24 to any port 6379 proto tcp" in fail.remedy and fail.remedy.startswith("on b")
+    assert "`sudo ufw allow from 10.77.1.0/24`" in fail.remedy and fail.remedy.startswith("on b")
     assert fail.command.startswith("on a: timeout 2 bash -c '</dev/tcp/10.77.1.12/6379'")
     assert rows[2].observed.startswith("c → b 10.77.1.12:6379 (ray): ")
 
@@ -287,8 +287,9 @@ def test_tcp_checks_one_row_per_node_and_a_fail_per_blocked_port():
         return {"listen": {"8000": "error: Cannot assign requested address"}, "probes": 8, "failed": failed}
 
     rows = tcp_rows(params, reports(params, tcp_report=report2))
-    assert [(c.node, c.status) for c in rows] == [("c", WARN), ("a", PASS), ("b", FAIL), ("c", PASS)]
-    assert rows[1].observed.endswith("reached from 1 peer") and rows[3].observed.endswith("from 2 peers")
+    # c never listened: only its WARN, no PASS and no failures blamed on a firewall of c's
+    assert [(c.node, c.status) for c in rows] == [("c", WARN), ("a", PASS), ("b", FAIL)]
+    assert rows[1].observed.endswith("reached from 1 peer")
     assert rows[2].observed.endswith("refused: rejected by a firewall, or nothing listens there "
                                      "(b could not listen there: error: Cannot assign requested address)")
     assert tcp_rows(params, reports(params)) == []  # not probed (one node, or a ring)
@@ -432,3 +433,19 @@ def test_a_model_fetched_from_the_hub_may_be_absent_before_03():
         got = {c.node: (c.status, c.remedy) for c in model(params, pf)}
         assert got["spark-1"][0] == head_status and got["spark-2"][0] == "WARN"
         assert ("downloads" in got["spark-1"][1]) == (source == "hf")
+
+
+def test_relays_check_ssh_to_the_workers_they_feed():
+    """Past distribution.parallel workers, 03 relays the image worker to worker along a tree of the
+    workers that lack it then: preflight checks every worker-to-worker hop; at most parallel
+    workers, none."""
+    from sparkbook.lab import lab_params as lab_of
+    from sparkbook.preflight.collect import node_bundle, ssh_peers
+    params = validate(lab_of(8))
+    names = lambda p, node: [n.name for n in ssh_peers(p, p.node(node))]  # noqa: E731
+    assert names(params, "spark-1") == [f"spark-{i}" for i in range(2, 9)]
+    assert names(params, "spark-5") == [f"spark-{i}" for i in (2, 3, 4, 6, 7, 8)]
+    assert "peers-ssh" in [s for s, _ in node_bundle(params, params.node("spark-2")).parts]
+    small = validate(lab_of(4))
+    assert names(small, "spark-2") == [] and names(small, "spark-1") == ["spark-2", "spark-3", "spark-4"]
+    assert "peers-ssh" not in [s for s, _ in node_bundle(small, small.node("spark-2")).parts]

@@ -464,3 +464,23 @@ def test_signatures_on_real_vllm_logs():
 
 
 # ------------------------------------------------------------------------------------- on the lab
+
+
+def test_a_subset_serves_and_a_node_outside_it_in_the_ray_cluster_fails():
+    """serving.nodes [spark-1, spark-3] of a 4-node lab: only they start containers (mp ranks 0 and
+    1, --nnodes 2); a Ray node that joined from spark-2 would offer its GPU to vLLM: a FAIL."""
+    from sparkbook.lab import lab_params
+    from sparkbook.serving.ray import RayCluster
+    from sparkbook.steps import ray_cluster
+    d = lab_params(4)
+    d["serving"].update(nodes=["spark-1", "spark-3"], pipeline_parallel_size=1)
+    p = validate(d)
+    table = commands.commands_table(p)
+    assert [row[0] for row in table.rows] == ["spark-1", "spark-3", "spark-1"]  # Ray x2, then vllm serve
+    rec = lambda ip: {"ip": ip, "alive": True, "resources": {"CPU": 2, "GPU": 1}}  # noqa: E731
+    rc = RayCluster(nodes={"spark-1": rec("10.77.1.11"), "spark-3": rec("10.77.1.13"), "spark-2": rec("10.77.1.12")})
+    got = {(c.node, c.status) for c in ray_cluster.checks(p, rc)}
+    assert got == {("spark-2", "FAIL"), ("spark-1", "PASS"), ("spark-3", "PASS")}
+    mp = validate({**d, "serving": {**d["serving"], "executor": "mp"}})
+    args = commands.serve_args(mp, mp.node("spark-3"))
+    assert args[args.index("--nnodes") + 1] == "2" and args[args.index("--node-rank") + 1] == "1"

@@ -77,7 +77,7 @@ def download_command(params: Params, user: str, token_file: str | None, program:
     """``hub_download.py`` (its text ``program``) on the head as ``user`` (``UID:GID``): in a
     container of the serving image with the model folder mounted, or with the runtime's venv."""
     m, rt, endpoint = params.model, params.runtime, hub_endpoint()
-    args = [*(["--revision", m.revision] if m.revision else []), "--", m.name, m.path]
+    args = [*([f"--revision={m.revision}"] if m.revision else []), "--", m.name, m.path]
     if rt.kind == "venv":
         env = ["env", f"HF_ENDPOINT={endpoint}"] if endpoint else []
         return [*env, f"{rt.venv}/bin/python", "-c", program,

@@ -26,11 +26,13 @@ from ..parsers import parse_sections
 from ..progress import Progress, bar
 from ..remote import REMOTE_DIR, Cluster, Script, peer_ssh, script
 from ..scripts.layerstore import chain_ids
+from ..settings import relay_plan
 from ..tables import Table, human_bytes, short_id
 from ..verdict import FAIL, PASS, WARN, Check, Verdict
 from .lines import Lines, number
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+STREAM_SCRIPTS = ("imagestream.py", "layerstore.py")  # copied to the head and the relays
 STREAM = f"{REMOTE_DIR}/imagestream.py"  # with layerstore.py next to it, on the head and every relay
 
 Say = Callable[[str], object]
@@ -237,24 +239,6 @@ def choose_compression(params: Params, cluster: Cluster, head: NodeImage,
     return fast, probe
 
 
-def relay_plan(head: str, workers: list[str], parallel: int) -> dict[str, list[str]]:
-    """Who feeds whom: the head feeds the first ``parallel`` workers, and every worker at most
-    ``parallel`` more (a worker's link is no wider than the head's), level by level, each feeder's
-    first before any feeder's second: the shallowest tree, relays evenly loaded. With ``parallel``
-    1, a chain. Only feeders appear."""
-    plan: dict[str, list[str]] = {}
-    level, rest = [head], list(workers)
-    while rest:
-        fed = []
-        for _ in range(parallel):
-            for feeder in level:
-                if rest:
-                    plan.setdefault(feeder, []).append(rest[0])
-                    fed.append(rest.pop(0))
-        level = fed
-    return plan
-
-
 def stream_spec(params: Params, workers: list[Node], nodes: dict[str, NodeImage], compress: bool,
                 plan: dict[str, list[str]]) -> dict:
     """``imagestream.py stream``'s spec: the tree of ``plan``, each worker with the chains it holds
@@ -295,12 +279,28 @@ def _transfer(worker: NodeImage, compress: bool, seconds: float, end: StreamEnd 
     return t
 
 
+def place_streamers(params: Params, cluster: Cluster, workers: list[Node], say: Say) -> dict[str, list[str]]:
+    """The stream scripts onto the head and the relays of :func:`relay_plan` over ``workers``; the
+    plan. A relay they cannot be copied to leaves the tree: the head then feeds every worker itself."""
+    head = params.head.name
+    plan = relay_plan(head, [w.name for w in workers], params.distribution.parallel)
+    copies = [cluster.put(SCRIPTS / name, f"{REMOTE_DIR}/{name}", list(plan)) for name in STREAM_SCRIPTS]
+    bad = sorted({r.node for res in copies for r in res.failed()})
+    if head in bad:
+        next(res for res in copies if not res.ok).check("copy the image stream scripts to the head")
+    if bad:
+        say(f"cannot copy the stream scripts to {', '.join(bad)}: the head feeds every worker itself")
+        plan = {head: [w.name for w in workers]}
+    return plan
+
+
 def stream_from_head(params: Params, cluster: Cluster, workers: list[Node], nodes: dict[str, NodeImage],
-                     compress: bool, show: bool = True) -> tuple[list[Transfer], int]:
+                     compress: bool, show: bool = True, plan: dict[str, list[str]] | None = None
+                     ) -> tuple[list[Transfer], int]:
     """One read of the image on the head into every worker (through relays beyond
-    ``distribution.parallel``), each worker's stream without the layers it holds (where its Docker
-    allows that); the transfers, and the bytes the head's stream process read."""
-    plan = relay_plan(params.head.name, [w.name for w in workers], params.distribution.parallel)
+    ``distribution.parallel``, or along ``plan``), each worker's stream without the layers it holds
+    (where its Docker allows that); the transfers, and the bytes the head's stream process read."""
+    plan = plan or relay_plan(params.head.name, [w.name for w in workers], params.distribution.parallel)
     feeder = {n: f for f, fed in plan.items() for n in fed if f != params.head.name}
     spec = stream_spec(params, workers, nodes, compress, plan)
     done: dict[str, tuple[StreamEnd, float]] = {}  # each worker's DONE, and when it came
@@ -352,10 +352,7 @@ def distribute_image(params: Params, cluster: Cluster, found: Survey | None = No
         if not todo:
             say(f"{image} ({short_id(head.id)}) is already on every node: nothing to send")
         else:
-            plan = relay_plan(params.head.name, [w.name for w in todo], params.distribution.parallel)
-            for name in ("imagestream.py", "layerstore.py"):
-                cluster.put(SCRIPTS / name, f"{REMOTE_DIR}/{name}", list(plan)).check(
-                    "copy the image stream scripts to the head" + (" and the relays" if len(plan) > 1 else ""))
+            plan = place_streamers(params, cluster, todo, say)
             compress, out.probe = choose_compression(params, cluster, head, todo, nodes)
             relays = {n: f for f, fed in plan.items() for n in fed if f != params.head.name}
             for w in todo:
@@ -365,7 +362,7 @@ def distribute_image(params: Params, cluster: Cluster, found: Survey | None = No
                     "already there" if mine.skips_layers else "its Docker cannot load a partial archive")
                     + (f"; relayed by {relays[w.name]}" if w.name in relays else ""))
             say(f"streaming from {params.head.name}, compression {out.probe['decision']}")
-            out.transfers, out.read = stream_from_head(params, cluster, todo, nodes, compress, show)
+            out.transfers, out.read = stream_from_head(params, cluster, todo, nodes, compress, show, plan)
             out.errors.update({t.node: t.error for t in out.transfers if t.error})
     out.after = image_ids(params, cluster)
     out.seconds = time.monotonic() - start
@@ -390,7 +387,7 @@ def image_checks(params: Params, out: ImageOutcome) -> list[Check]:
     for node in params.nodes:
         got = out.after.get(node.name)
         t = by_node.get(node.name)
-        relayed = f" | ssh {t.via} imagestream.py relay" if t and t.via else ""
+        relayed = (f" | ssh {params.node(t.via).peer_target} python3 {STREAM} relay SPEC" if t and t.via else "")
         cmd = (f"({t.read_from or 'docker save'} of {out.image}){relayed} | ssh {node.peer_target} docker load" if t else
                f"docker pull {out.image}" if out.source == "registry" else
                f"docker image inspect {out.image}")

@@ -18,6 +18,7 @@ from ..manifest import Manifest, describe_differences, manifest_differences, man
 from ..params import Node, Params
 from ..progress import Progress
 from ..remote import Cluster, Script, command_line, peer_ssh, script
+from ..settings import relay_plan
 from ..tables import Table, human_bytes
 from ..verdict import FAIL, PASS, Check
 from .lines import Lines, number
@@ -76,19 +77,34 @@ def differences(params: Params, found: dict[str, Manifest | None | str],
     return diffs
 
 
-def sync_script(params: Params, files: dict[str, list[str]]) -> Script:
-    """``model_sync.sh`` on the head: ``files`` (worker -> relative names) to each worker over
-    the fabric (SSH's options are the same for every node: only the target differs)."""
-    args: list[object] = [params.model.path, command_line(peer_ssh(params.head)[:-1]), PARTIAL_DIR]
+def sync_script(params: Params, files: dict[str, list[str]], source: Node | None = None) -> Script:
+    """``model_sync.sh`` on ``source`` (the head by default): ``files`` (worker -> relative names)
+    to each worker over the fabric (SSH's options are the same for every node: only the target
+    differs)."""
+    args: list[object] = [params.model.path, command_line(peer_ssh(source or params.head)[:-1]), PARTIAL_DIR]
     for name, names in files.items():
         args += [name, params.node(name).peer_target, len(names), *names]
     return script("model_sync.sh", *args)
 
 
+def sync_rounds(params: Params, workers: list[str]) -> list[dict[str, list[str]]]:
+    """The copies in order, one round after the other, each a map source -> the workers it copies
+    to: the head to ``distribution.parallel`` workers at once, then each of those on to as many
+    more, and so on (the image's tree, :func:`relay_plan`): the head's disk and link feed a bounded
+    number of copies whatever the count of workers."""
+    plan = relay_plan(params.head.name, workers, params.distribution.parallel)
+    rounds, sources = [], [params.head.name]
+    while level := {s: plan[s] for s in sources if s in plan}:
+        rounds.append(level)
+        sources = [w for fed in level.values() for w in fed]
+    return rounds
+
+
 def sync_model(params: Params, cluster: Cluster, say: Callable[[str], object] = print,
                show: bool = True) -> ModelOutcome:
-    """Copy the differing model files from the head to each worker that differs, then compare the
-    manifests again."""
+    """Copy the differing model files from the head to each worker that differs, along
+    :func:`sync_rounds` (a worker whose copy failed hands its workers back to the head), then
+    compare the manifests again."""
     out = ModelOutcome(params.model.path, params.distribution.model_sync)
     found = manifests(params, cluster)
     out.before = differences(params, found, out)
@@ -103,7 +119,7 @@ def sync_model(params: Params, cluster: Cluster, say: Callable[[str], object] = 
     for w, names in todo.items():
         say(f"{w}: {len(names)} file(s) differ from the head: {', '.join(names[:5])}"
             + (" ..." if len(names) > 5 else ""))
-    start = time.monotonic()
+    failed: set[str] = set()
     with Progress(f"model {params.model.path} from {params.head.name}") as progress:
         def each(line: str) -> None:  # rsync --info=progress2: '  1,234,567  45%  12.34MB/s  0:00:10'
             m = re.search(r"\[([^] ]+)\] +([\d,]+) +(\d+)% +(\S+) +(\S+)", line)
@@ -111,17 +127,27 @@ def sync_model(params: Params, cluster: Cluster, say: Callable[[str], object] = 
                 progress.update(m.group(1), f"{human_bytes(number(m.group(2)))}  {m.group(3)}%  "
                                             f"{m.group(4)}  ETA {m.group(5)}")
 
-        res = cluster.run_on(params.head, sync_script(params, todo),
-                             timeout=params.distribution.timeout_s, stream=Lines(each))
-    took = time.monotonic() - start
-    ends = {m.group(1): (int(m.group(2)), m.group(3)) for m in
-            re.finditer(r"^DONE (\S+) (\d+) ?(.*)$", res.stdout, re.M)}
-    for w, names in todo.items():
-        code, seen = ends.get(w, (None, res.summary()))
-        more = len(names) - SHOWN_FILES
-        shown = str(sync_script(params, {w: names[:SHOWN_FILES]})) + (f"  # and {more} more files" if more > 0 else "")
-        out.synced[w] = ModelCopy(len(names), round(took, 1),
-                                  None if code == 0 else f"rsync exited {code}: {seen}", shown)
+        for level in sync_rounds(params, list(todo)):
+            jobs: dict[str, list[str]] = {}
+            for source, fed in level.items():
+                jobs.setdefault(params.head.name if source in failed else source, []).extend(fed)
+            start = time.monotonic()
+            res = cluster.run(lambda n: sync_script(params, {w: todo[w] for w in jobs[n.name]}, n), list(jobs),
+                              timeout=params.distribution.timeout_s, stream=Lines(each))
+            took = time.monotonic() - start
+            for source, fed in jobs.items():
+                ends = {m.group(1): (int(m.group(2)), m.group(3)) for m in
+                        re.finditer(r"^DONE (\S+) (\d+) ?(.*)$", res[source].stdout, re.M)}
+                for w in fed:
+                    code, seen = ends.get(w, (None, res[source].summary()))
+                    more = len(todo[w]) - SHOWN_FILES
+                    shown = (f"on {source}: " + str(sync_script(params, {w: todo[w][:SHOWN_FILES]}, params.node(source)))
+                             + (f"  # and {more} more files" if more > 0 else ""))
+                    out.synced[w] = ModelCopy(len(todo[w]), round(took, 1),
+                                              None if code == 0 else f"rsync from {source} exited {code}: {seen}",
+                                              shown)
+                    if code != 0:
+                        failed.add(w)
     out.unreadable = {}
     # the head and the others did not change
     found.update(manifests(params, cluster, [params.node(w) for w in todo]))

@@ -120,7 +120,7 @@ def serving_layout(data: dict, n: int) -> str:
     s = data["serving"]
     s["tensor_parallel_size"], s["pipeline_parallel_size"] = tp, pp
     if k < n:
-        s["nodes"] = [f"spark-{i}" for i in range(1, k + 1)]
+        s["nodes"] = [node["name"] for node in data["nodes"][:k]]
     return (f"TP {tp} x PP {pp} over the Ray executor"
             + (f" on {k} of the {n} nodes" if k < n else ""))
 

@@ -13,7 +13,7 @@ from .collect import Preflight
 def checks(params: Params, pf: Preflight) -> list[Check]:
     return [
         *reach.ssh(params, pf),
-        *reach.head_to_workers(params, pf),
+        *reach.node_to_node(params, pf),
         *nodes.sameness(params, pf),
         *nodes.gpus(params, pf),
         *nodes.runtime(params, pf),

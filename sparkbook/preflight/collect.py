@@ -60,7 +60,7 @@ class NodeReport(TypedDict):
     image: str | None  # the ID of the parameters' image; None: absent
     venv: str | None  # vllm's version in the venv, or the error's last line
     model: Manifest | None  # None: the model's folder is absent
-    peers_ssh: dict[str, tuple[str, bool]]  # head only: peer -> (target, answered)
+    peers_ssh: dict[str, tuple[str, bool]]  # peer -> (target, answered): see ssh_peers
     skew_s: float | None  # clock against this machine's
     tcp: tcp.TcpReport | None  # the serving ports probed from this node; None: not probed
 
@@ -109,11 +109,24 @@ def node_bundle(params: Params, node: Node) -> Bundle:
              ("in-use", script("in_use.sh", STALE)),
              ("runtime", runtime),
              ("model", manifest_script(params.model.path, params.model.verify == "all"))]
-    if node.role == "head":
-        targets = [a for peer in peers for a in (peer.name, peer.peer_target)]
+    reaches = ssh_peers(params, node)
+    if reaches:
+        targets = [a for peer in reaches for a in (peer.name, peer.peer_target)]
         ssh = peer_ssh(node)[:-1]  # the command without its target: the same for every peer
         parts.append(("peers-ssh", script("peers_ssh.sh", *targets, "--", *ssh)))
     return bundle(*parts)
+
+
+def ssh_peers(params: Params, node: Node) -> list[Node]:
+    """The nodes ``node`` must reach by SSH: from the head every worker (the image and the model
+    copies); from a worker every other worker when the workers outnumber ``distribution.parallel``,
+    since 03 then relays the image worker to worker, along a tree planned over the workers that
+    lack it at that time."""
+    if node.role == "head":
+        return list(params.workers)
+    if params.distribution.source != "head" or len(params.workers) <= params.distribution.parallel:
+        return []
+    return [w for w in params.workers if w.name != node.name]
 
 
 def _unavailable(text: str | None) -> bool:

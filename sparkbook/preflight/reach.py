@@ -22,17 +22,17 @@ def ssh(params: Params, pf: Preflight) -> Iterator[Check]:
             yield Check("ssh", node.name, PASS, "answers", "an SSH session")
 
 
-def head_to_workers(params: Params, pf: Preflight) -> Iterator[Check]:
-    head = pf.nodes.get(params.head.name)
-    if head is None:
-        return
-    for peer, (target, ok) in head["peers_ssh"].items():
-        yield Check("ssh head→worker", peer, PASS if ok else FAIL,
-                    f"{params.head.name} → {target}: {'answers' if ok else 'refused or unreachable'}",
-                    "key-based SSH from the head, host key known",
-                    "" if ok else f"on {params.head.name}: ssh-copy-id {target}, then ssh {target} once "
-                    "to check and accept its host key",
-                    f"ssh -o BatchMode=yes -o ConnectTimeout=5 {target} true")
+def node_to_node(params: Params, pf: Preflight) -> Iterator[Check]:
+    """SSH from the head to every worker, and from each worker that relays the image (03) to the
+    workers it feeds (see :func:`sparkbook.preflight.collect.ssh_peers`)."""
+    for node in pf.up(params):
+        via = "head" if node.role == "head" else "relay"
+        for peer, (target, ok) in pf.nodes[node.name]["peers_ssh"].items():
+            yield Check(f"ssh {via}→worker", peer, PASS if ok else FAIL,
+                        f"{node.name} → {target}: {'answers' if ok else 'refused or unreachable'}",
+                        f"key-based SSH from {node.name}, host key known",
+                        "" if ok else f"on {node.name}: ssh-copy-id {target}, then ssh {target} once "
+                        "to check and accept its host key", f"ssh -o BatchMode=yes -o ConnectTimeout=5 {target} true")
 
 
 def tcp(params: Params, pf: Preflight) -> Iterator[Check]:
@@ -56,6 +56,8 @@ def tcp(params: Params, pf: Preflight) -> Iterator[Check]:
                 into[p["peer"]].append((node, p))
     shown = ", ".join(f"{what} {port}" for port, what in ports.items())
     for node in up:
+        if node.name not in probed:  # it never listened: its WARN says why; probes into it prove nothing
+            continue
         listen = (pf.nodes[node.name]["tcp"] or {}).get("listen", {})
         for src, p in into[node.name]:
             yield tcp_failure(src, node, p, ports.get(p["port"], "?"), listen.get(str(p["port"]), ""))
@@ -75,8 +77,9 @@ def tcp_failure(src: Node, dst: Node, p: Probe, what: str, listen: str) -> Check
     subnet = str(src.rails[0].network) if src.rails else src.fabric_address
     return Check("tcp ports", dst.name, FAIL, f"{src.name} → {dst.name} {addr}:{port} ({what}): {seen}",
                  f"TCP {port} reached from {src.name}",
-                 f"on {dst.name}, let the fabric in: `sudo ufw allow from {subnet} to any port {port} "
-                 f"proto tcp` (or `sudo iptables -I INPUT -p tcp -s {subnet} --dport {port} -j ACCEPT`); "
+                 f"on {dst.name}, let the whole fabric in, not only this port (Ray's raylet, object "
+                 f"manager and workers and NCCL's bootstrap pick further ports at start): `sudo ufw allow "
+                 f"from {subnet}` (or `sudo iptables -I INPUT -s {subnet} -j ACCEPT`); "
                  f"if {dst.name} has no such rule, check {src.name}'s outgoing ones (`sudo iptables -S OUTPUT`)",
                  f"on {src.name}: timeout {TIMEOUT_S:g} bash -c '</dev/tcp/{addr}/{port}' (while {dst.name} "
                  f"listens there, e.g. python3 -m http.server --bind {addr} {port})")

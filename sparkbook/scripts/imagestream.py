@@ -26,7 +26,8 @@ Usage: imagestream.py stream SPEC   SPEC: {"image", "from": this node, "store": 
                                     "source", "expected", "held"
        imagestream.py probe SPEC    pipe and zstd throughput, for the compression choice
 Lines on stdout: SOURCE how / PROGRESS name sent skipped expected wire / DONE {json per worker} /
-READ rchar (bytes this process read: one archive, whatever the number of workers) / PROBE {json}.
+READ rchar (bytes this process read: one archive whatever the number of workers; with zstd, plus
+the compressed streams it reads back from each zstd to count them) / PROBE {json}.
 """
 
 import collections

@@ -93,7 +93,7 @@ def serve(params: Params, cluster: Cluster, run_dir: Path,
     finally:
         if not dep.ready:
             dep.diagnosis = diagnose(params, cluster, run_dir)
-            dep.logs = {n.name: str(run_dir / "logs" / n.name) for n in params.serving_nodes}
+            dep.logs = {n.name: str(run_dir / "logs" / n.name) for n in params.nodes}
             say("not ready: logs of every node saved; stopping what was started")
             remove_serving(params, cluster, grace=10)  # a hung rank would hold a graceful stop
     record_ray_workers(params, cluster, dep)

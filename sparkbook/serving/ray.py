@@ -85,7 +85,8 @@ def form_ray_cluster(params: Params, cluster: Cluster, run_dir: Path | None = No
     stray = [n for n in params.nodes if n not in params.serving_nodes and current[n.name].running(RAY_CONTAINER)]
     if stray:  # a node that no longer serves must not offer its GPUs to vLLM's placement group
         say(f"removing the Ray container of {', '.join(n.name for n in stray)}: not in serving.nodes")
-        cluster.run(["docker", "rm", "-f", RAY_CONTAINER], stray)
+        cluster.run(["docker", "rm", "-f", RAY_CONTAINER], stray).check(
+            "remove the Ray container of the nodes outside serving.nodes", "08_teardown removes it")
     running = all(current[n.name].current(RAY_CONTAINER, fingerprint(params, n, True)) for n in params.serving_nodes)
     rc = ray_nodes(params, cluster) if running else RayCluster(missing=[n.name for n in params.serving_nodes])
     if not rc.missing:

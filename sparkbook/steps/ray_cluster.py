@@ -32,8 +32,12 @@ def table(outcome: RayCluster) -> Table:
 
 
 def checks(params: Params, outcome: RayCluster) -> list[Check]:
-    """Every serving node in the Ray cluster, with its GPUs."""
-    out = []
+    """Every serving node in the Ray cluster, with its GPUs, and no other node in it (vLLM's
+    placement group could land on it)."""
+    serving = {n.name for n in params.serving_nodes}
+    out = [Check("in the Ray cluster", name, FAIL, f"joined at {rec['ip']}", "only the nodes of serving.nodes",
+                 "08_teardown, then 04_ray_cluster again", f"docker rm -f {RAY_CONTAINER}  # on {name}")
+           for name, rec in outcome.nodes.items() if name not in serving]
     for n in params.serving_nodes:
         rec = outcome.nodes.get(n.name)
         if rec is None:
