@@ -238,12 +238,12 @@ def test_the_tcp_probe_each_node_runs():
     a, b, c = params.nodes
     cmd = tcp.command(params, b, params.nodes)
     assert cmd[:3] == ["python3", "-c", tcp.SCRIPT.read_text()]  # the file's text: no value in it
-    assert json.loads(cmd[3]) == {"address": "10.77.1.12", "ports": [6379, 29501, 29502, 8000],
+    assert json.loads(cmd[3]) == {"address": "10.77.1.12", "ports": [6379, 29501, 29502, 8000, 40000],
                                   "timeout": tcp.TIMEOUT_S, "window": tcp.WINDOW_S,
                                   "peers": [["a", "10.77.1.11"], ["c", "10.77.1.13"]]}
     data = params.model_dump(mode="json")
     data["collectives"]["master_port"] = 8000
-    assert tcp.serving_ports(validate(data)) == {6379: "ray", 29501: "master", 8000: "all-reduce/api"}
+    assert tcp.serving_ports(validate(data)) == {6379: "ray", 29501: "master", 8000: "all-reduce/api", 40000: "ephemeral"}
 
 
 def test_the_tcp_probe_output_parsed():
@@ -271,7 +271,7 @@ def test_tcp_checks_one_row_per_node_and_a_fail_per_blocked_port():
 
     rows = tcp_rows(params, reports(params, tcp_report=report))
     assert [(c.node, c.status) for c in rows] == [("a", PASS), ("b", FAIL), ("b", FAIL), ("c", PASS)]
-    assert rows[0].observed == "ray 6379, master 29501, all-reduce 29502, api 8000 on 10.77.1.11: reached from 2 peers"
+    assert rows[0].observed == "ray 6379, master 29501, all-reduce 29502, api 8000, ephemeral 40000 on 10.77.1.11: reached from 2 peers"
     fail = rows[1]
     assert fail.observed == ("a → b 10.77.1.12:6379 (ray): no answer within 2 s: dropped by a firewall (filtered)")
     assert "`sudo ufw allow from 10.77.1.0/24`" in fail.remedy and fail.remedy.startswith("on b")
@@ -340,7 +340,7 @@ def test_the_scripts_on_this_machine():
     path_mtu = [c for c in step.checks(params, pf) if c.check == "path mtu"]
     assert [(c.node, c.status) for c in path_mtu] == [("here-1", "PASS"), ("here-2", "PASS")]
     # each listened on its own address and reached the other's serving ports
-    assert here["tcp"]["failed"] == [] and here["tcp"]["probes"] == 4 and pf.layout == "direct pair, 2 nodes, 1 rail"
+    assert here["tcp"]["failed"] == [] and here["tcp"]["probes"] == 5 and pf.layout == "direct pair, 2 nodes, 1 rail"
     assert all(state in ("listening", "busy") for state in here["tcp"]["listen"].values())
     assert [(c.node, c.status) for c in tcp_rows(params, pf)] == [("here-1", "PASS"), ("here-2", "PASS")]
 
@@ -409,7 +409,7 @@ def test_fault_fails_the_right_check_on_the_right_node(lab, params, kind):
     if kind == "firewall":
         c = failed[("tcp ports", "spark-2")]
         assert c.observed.startswith(f"spark-1 → spark-2 10.77.1.12:{params.ports.ray} (ray): no answer")
-        assert f"port {params.ports.ray} proto tcp" in c.remedy
+        assert "`sudo ufw allow from 10.77.1.0/24`" in c.remedy
     assert failures(params) == {}, f"the lab still fails after healing {kind}"
 
 

@@ -40,11 +40,19 @@ class TcpReport(TypedDict, total=False):
     error: str
 
 
+# One port of Linux's ephemeral range (32768-60999): Ray's raylet, object manager and workers and
+# NCCL's bootstrap bind random ports there unless told otherwise (Ray's `ray start` reference:
+# "If not set, random ports will be chosen"), so a firewall that opens only the named ports passes
+# the probes above and still hangs 04 or 05.
+EPHEMERAL = 40000
+
+
 def serving_ports(params: Params) -> dict[int, str]:
     """The ports serving needs between the nodes, each with what uses it."""
     found: dict[int, list[str]] = {}
     for what, port in (("ray", params.ports.ray), ("master", params.ports.master),
-                       ("all-reduce", master(params)[1]), ("api", params.ports.api)):
+                       ("all-reduce", master(params)[1]), ("api", params.ports.api),
+                       ("ephemeral", EPHEMERAL)):
         found.setdefault(port, []).append(what)
     return {port: "/".join(names) for port, names in found.items()}
 
