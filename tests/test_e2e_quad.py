@@ -19,10 +19,23 @@ NODES = [f"spark-{i}" for i in range(1, 5)]
 
 
 @pytest.fixture(scope="module")
-def quad_run(lab, tmp_path_factory):
+def quad_runs(lab, tmp_path_factory):
+    """The whole runbook on 4 nodes; then 04 to 08 again with only spark-1 and spark-3 serving
+    (tensor parallel 2), the other two left out of Ray and vLLM."""
     with resized(lab, 4):
         out = tmp_path_factory.mktemp("quad")
-        return out, run(params_file(4), out=out)
+        whole = run(params_file(4), out=out)
+        data = yaml.safe_load(params_file(4).read_text())
+        data["serving"].update(nodes=["spark-1", "spark-3"], pipeline_parallel_size=1)
+        subset_file = out.parent / "quad-subset.yaml"
+        subset_file.write_text(yaml.safe_dump(data))
+        subset = tmp_path_factory.mktemp("quad-subset")
+        return (out, whole), (subset, run(subset_file, steps="04,05,06,08", out=subset, report=False))
+
+
+@pytest.fixture(scope="module")
+def quad_run(quad_runs):
+    return quad_runs[0]
 
 
 def verdict(out, step):
@@ -64,3 +77,13 @@ def test_the_report_shows_a_node_by_check_matrix(quad_run):
     html = (out / "report.html").read_text()
     assert "sparkbook-by-node" in html and html.count("sparkbook-matrix") >= 3  # 00, 01, 08 at least
     assert all(f">{n}<" in html for n in NODES)
+
+
+def test_a_subset_serves_while_the_other_nodes_stay_out_of_ray_and_vllm(quad_runs):
+    out, summary = quad_runs[1]
+    assert [(s["name"], s["status"]) for s in summary["steps"]] == [
+        (s, "passed") for s in ("04_ray_cluster", "05_serve", "06_smoke_test", "08_teardown")], summary
+    serving = json.loads((out / "serving.json").read_text())
+    assert serving["ray_workers"] == {"spark-1": 1, "spark-3": 1}
+    ray = {c["node"] for c in verdict(out, "04_ray_cluster")["checks"] if c["check"] == "in the Ray cluster"}
+    assert ray == {"spark-1", "spark-3"}
