@@ -81,7 +81,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         print(f"{source}: " + (f"{len(hits)} known failure(s)" if hits else
                                f"no known failure ({lines} lines read)"))
         for h in hits:
-            print(f"  {h.name} at {h.where}" + (f" ({h.count} lines)" if h.count > 1 else ""))
+            print(f"  {h.name} at {h.where}" + (f" ({h.count} lines)" if h.count > 1 else "")
+                  + (f", start-up phase: {h.phase}" if h.phase != "any" else ""))
             for label, value in (("cause", h.cause), ("evidence", h.evidence), ("detail", h.detail),
                                  ("remedy", h.remedy)):
                 if value:

@@ -155,10 +155,8 @@ def diagnose(params: Params, out: Sweep) -> tuple[str, str]:
         phase = "first collective"
     else:
         phase = "sweep"
-    known = [hits[0] for n, log in out.logs.items()
-             if (hits := signatures.match(log, step="02", source=f"logs/{n}/collectives.log"))]
-    if known:
-        hit = min(known, key=lambda h: signatures.ORDER[h.name])
+    hit = signatures.most_specific({f"logs/{n}/collectives.log": log for n, log in out.logs.items()}, step="02")
+    if hit:
         detail = f"; {hit.detail}" if hit.detail and hit.detail not in hit.evidence else ""
         return (phase, f"{hit.cause} ({hit.where}: {hit.evidence}{detail}). {hit.remedy}")
     errors = [e for log in out.logs.values() if (e := signatures.last_error(log))]

@@ -241,6 +241,11 @@ class Params(Section):
         return [self.head] + [n for n in self.workers if names is None or n.name in names]
 
     @property
+    def by_address(self) -> dict[str, str]:
+        """Node names by fabric address (how Ray and vLLM's logs name the nodes)."""
+        return {n.fabric_address: n.name for n in self.nodes}
+
+    @property
     def endpoint(self) -> str:
         """The OpenAI-compatible API's base URL as this machine reaches it."""
         url = self.serving.api_url or f"http://{self.head.host}:{self.ports.api}"

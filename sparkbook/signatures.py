@@ -39,7 +39,7 @@ PROGRESS = r"(world_size=\d+ rank=\d+|Loading weights took|Model loading took|Lo
 _NOISE = re.compile(r"SIGTERM|Shutting down|shutdown complete|Terminated|[Kk]illed|received signal|"
                     r"KeyboardInterrupt|Parent process exited|Stopping|^\s*$")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|#033\[[0-9;]*m")  # and syslog's escaped form
-_PREFIX = re.compile(r"^\s*\((?:[\w.:-]+ )*pid=\d+(?:, ip=[\d.:a-fA-F]+)?\)\s*")
+_PREFIX = re.compile(r"^\s*\((?:[\w.:-]+ )*pid=\d+(?:, ip=(?P<ip>[\d.:a-fA-F]+))?\)\s*")
 
 # Any error-looking line, for a failure no signature names ("the last error seen").
 ERROR_LINE = re.compile(r"(NCCL WARN|Error|error:|Connection refused|timed out|Timeout)", re.I)
@@ -338,11 +338,24 @@ def clean(line: str) -> str:
     return _ANSI.sub("", line).replace("\r", " ").rstrip()
 
 
+def _prefixes(line: str) -> tuple[list[str], str]:
+    """A line's process prefixes (``(EngineCore_DP0 pid=1392) (RayWorkerWrapper pid=451,
+    ip=192.168.100.11)``): the node addresses they name, and what the line says after them."""
+    ips = []
+    while (m := _PREFIX.match(line)):
+        ips += [m["ip"]] if m["ip"] else []
+        line = line[m.end():]
+    return ips, line.strip()
+
+
 def _said(line: str) -> str:
     """What a line says once its process prefixes are removed (empty for a bare prefix)."""
-    while (m := _PREFIX.match(line)):
-        line = line[m.end():]
-    return line.strip()
+    return _prefixes(line)[1]
+
+
+def ray_address(line: str) -> str | None:
+    """The node address a Ray worker's prefix names in a log line (``ip=10.77.1.12``), or None."""
+    return next(iter(_prefixes(clean(line))[0]), None)
 
 
 def _evidence(line: str, sig: Signature, width: int = 300) -> str:
@@ -420,6 +433,13 @@ def first(text: str, step: str | None = None) -> Match | None:
     """The most specific known failure in ``text``, or None."""
     found = match(text, step)
     return found[0] if found else None
+
+
+def most_specific(texts: dict[str, str], step: str | None = None) -> Match | None:
+    """The most specific known failure across several logs (``source`` -> text), each read on its
+    own, or None."""
+    hits = [found[0] for source, text in texts.items() if (found := match(text, step, source))]
+    return min(hits, key=lambda h: ORDER[h.name], default=None)
 
 
 def last_error(text: str, width: int = 200) -> str:

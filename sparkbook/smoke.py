@@ -175,8 +175,6 @@ def run(base_url: str, model: str, *, reasoning_parser: str | None = None,
     check, each wait for a chunk); ``reasoning_budget`` is the max_tokens of the requests a thinking
     model may reason through first; ``node`` fills the checks' node column."""
     s = _Smoke(base_url, model, node, timeout, api_key, reasoning_parser, tool_call_parser)
-    # Qwen3-style templates: with thinking off the prompt already closes the reasoning, so the tool
-    # calls come at once (the reasoning check asks for thinking explicitly).
     no_thinking = {"chat_template_kwargs": NO_THINKING} if reasoning_parser else {}
     post = "POST /v1/chat/completions"
     budget = f"max_tokens {reasoning_budget}"
@@ -227,10 +225,12 @@ def run(base_url: str, model: str, *, reasoning_parser: str | None = None,
                 finish = c.finish_reason or finish
         return judge_reasoning("".join(thought), "".join(said), finish, reasoning_budget, reasoning_parser)
 
+    def ask_tool(choice: str):
+        return s.chat(TOOL_PROMPT, max_tokens=reasoning_budget, tools=[TOOL], tool_choice=choice,
+                      extra_body=no_thinking or None).choices[0]
+
     def tool_auto():
-        r = s.chat(TOOL_PROMPT, max_tokens=reasoning_budget, tools=[TOOL], tool_choice="auto",
-                   extra_body=no_thinking or None)
-        c = r.choices[0]
+        c = ask_tool("auto")
         calls, finish = c.message.tool_calls or [], c.finish_reason
         not_its = f"the tool-call parser {tool_call_parser!r} is not the model's (serving.tool_call_parser)"
         if not calls:
@@ -255,9 +255,7 @@ def run(base_url: str, model: str, *, reasoning_parser: str | None = None,
         return PASS, f"{TOOL_NAME}({args}) taken out by the {tool_call_parser} parser, finish tool_calls", ""
 
     def tool_required():
-        r = s.chat(TOOL_PROMPT, max_tokens=reasoning_budget, tools=[TOOL], tool_choice="required",
-                   extra_body=no_thinking or None)
-        c = r.choices[0]
+        c = ask_tool("required")
         calls = c.message.tool_calls or []
         fix = "tool_choice required is answered by guided decoding: see the server's log" + (
             "" if tool_call_parser else "; recent vLLM needs serving.tool_call_parser for it")

@@ -1,6 +1,6 @@
 """Serving (04, 05, 08) without the lab: the command builders for the DGX Spark pair, the node
-scripts against a fake `docker`, failure signatures on real vLLM logs. On the lab:
-test_serving_lab.py."""
+scripts against a fake `docker`, the stall watch on real vLLM logs (the failure signatures:
+test_signatures.py). On the lab: test_serving_lab.py."""
 
 import json
 from contextlib import contextmanager
@@ -16,7 +16,6 @@ import yaml
 
 
 from conftest import field_sample
-from sparkbook import signatures
 from sparkbook.params import ParamsError, load, validate
 from sparkbook.redact import MASK
 from sparkbook.remote import Cluster, command_line
@@ -449,21 +448,6 @@ def test_the_serving_outcome_names_its_start_up_time_and_its_checks_the_cause():
     silent = deploy.Deployment(action="started", seen="not ready after 1800 s", logs={"spark-1": "logs/spark-1"})
     assert [c.check for c in serve_step.checks(p, silent)] == ["startup"]
     assert serve_step.table(silent).rows[2] == ["ready", "no"]
-
-
-def test_signatures_on_real_vllm_logs():
-    hit = signatures.first(field_sample("vllm-error-ray-channel-timeout-1.txt"))
-    assert "timed out" in hit.cause and "RayChannelTimeoutError" in hit.evidence and "02_collectives" in hit.remedy
-    hit = signatures.first(field_sample("vllm-warning-tp-exceeds-gpus-1.txt"))
-    assert "exceeds the GPUs" in hit.cause and "Tensor parallel size (2)" in hit.evidence
-    assert signatures.first(field_sample("vllm-ray-worker-startup-1.txt")) is None
-    assert "port" in signatures.first("ERROR [Errno 98] Address already in use").cause
-    capture = "INFO Capturing CUDA graph shapes: 10%\nINFO model loaded\nINFO Capturing CUDA graph shapes: 50%"
-    assert "CUDA graphs" in signatures.first(capture).cause
-    assert signatures.first(capture + "\nINFO Graph capturing finished\nINFO Starting API") is None
-
-
-# ------------------------------------------------------------------------------------- on the lab
 
 
 def test_a_subset_serves_and_a_node_outside_it_in_the_ray_cluster_fails():

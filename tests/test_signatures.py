@@ -147,7 +147,7 @@ def test_diagnose_names_each_failure_with_its_file_and_line(capsys):
     path = LOGS / "port-in-use-1.txt"
     assert main(["diagnose", str(path)]) == 1
     out = capsys.readouterr().out
-    assert f"port-in-use at {path}:7" in out  # two header lines, then the fifth log line
+    assert f"port-in-use at {path}:7, start-up phase: container" in out  # two header lines, then the fifth log line
     assert "a port is already in use" in out and "address already in use" in out and "ss -ltnp" in out
 
 

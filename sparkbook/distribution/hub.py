@@ -15,21 +15,21 @@ import os
 import shlex
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Callable
 
+from ..errors import CheckFailed
 from ..params import Params
 from ..progress import Progress, bar
 from ..redact import mask
-from ..remote import REMOTE_DIR, Cluster, command_line, sh
+from ..remote import REMOTE_DIR, SCRIPTS, Cluster, command_line, sh
 from ..scripts.hub_download import parse_line
 from ..serving.commands import token
-from ..serving.containers import LABEL, with_entrypoint
+from ..serving.containers import LABEL, token_file, with_entrypoint
 from ..tables import human_bytes
 from ..verdict import FAIL, PASS, SKIP, Check
 from .lines import Lines
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "hub_download.py"
+SCRIPT = SCRIPTS / "hub_download.py"
 SHOWN_SCRIPT = '"$(cat sparkbook/scripts/hub_download.py)"'
 TOKEN_FILE = f"{REMOTE_DIR}/hub.env"   # the token, mode 600, removed once the download ends
 CONTAINER = "sparkbook-hub-download"
@@ -73,7 +73,7 @@ def hub_endpoint() -> str | None:
     return os.environ.get("HF_ENDPOINT") or None
 
 
-def download_command(params: Params, user: str, token_file: str | None, program: str) -> list[str]:
+def download_command(params: Params, user: str, env_file: str | None, program: str) -> list[str]:
     """``hub_download.py`` (its text ``program``) on the head as ``user`` (``UID:GID``): in a
     container of the serving image with the model folder mounted, or with the runtime's venv."""
     m, rt, endpoint = params.model, params.runtime, hub_endpoint()
@@ -81,14 +81,14 @@ def download_command(params: Params, user: str, token_file: str | None, program:
     if rt.kind == "venv":
         env = ["env", f"HF_ENDPOINT={endpoint}"] if endpoint else []
         return [*env, f"{rt.venv}/bin/python", "-c", program,
-                *(["--env-file", token_file] if token_file else []), *args]
+                *(["--env-file", env_file] if env_file else []), *args]
     cmd = ["docker", "run", "--rm", "--pull", "never", "--name", CONTAINER,
            "--label", f"{LABEL}={params.name}", "--network", "host", "--user", user,
            *rt.docker_args, "-v", f"{m.path}:{m.path}", "-e", "HOME=/tmp"]
     if endpoint:
         cmd += ["-e", f"HF_ENDPOINT={endpoint}"]
-    if token_file:
-        cmd += ["--env-file", token_file]
+    if env_file:
+        cmd += ["--env-file", env_file]
     return cmd + with_entrypoint(rt.entrypoint, rt.image, ["python3", "-c", program, *args])
 
 
@@ -122,19 +122,15 @@ def fetch_model(params: Params, cluster: Cluster, say: Say = print, show: bool =
         out.command = f"mkdir -p -- {shlex.quote(m.path)}"
         return out
     secret = token(params)
-    token_file = TOKEN_FILE if secret else None
+    env_file = TOKEN_FILE if secret else None
     program = SCRIPT.read_text()
-    cmd = download_command(params, user, token_file, program)
+    cmd = download_command(params, user, env_file, program)
     out.command = shown(cmd, program)
     say(f"downloading {m.name} at {m.revision or 'the default branch'} from "
         f"{out.endpoint or 'the hub'} into {m.path} on {head.name}")
     try:
-        if secret:
-            put = cluster.put_bytes(f"HF_TOKEN={secret}\n".encode(), TOKEN_FILE, [head], mode=0o600)
-            if not put.ok:
-                out.error, out.kind = f"cannot write the token file: {put[head.name].summary()}", "setup"
-                return out
-        with Progress(f"{m.name} from {out.endpoint or 'the hub'}") as progress:
+        with (token_file(cluster, [head], TOKEN_FILE, secret),
+              Progress(f"{m.name} from {out.endpoint or 'the hub'}") as progress):
             def each(line: str) -> None:
                 got = parse_line(line)
                 if got and got[0] == "PROGRESS" and show:
@@ -143,9 +139,9 @@ def fetch_model(params: Params, cluster: Cluster, say: Say = print, show: bool =
                                     + f"  files {p['files_done']} of {p['files']}")
 
             r = cluster.run_on(head, cmd, timeout=params.distribution.timeout_s, stream=Lines(each))
-    finally:
-        if secret:
-            cluster.run_on(head, ["rm", "-f", TOKEN_FILE])
+    except CheckFailed as e:  # the token file could not be written
+        out.error, out.kind = mask(str(e)), "setup"
+        return out
     out.seconds = round(time.monotonic() - start, 1)
     ends = [got[1] for got in map(parse_line, r.stdout.splitlines()) if got and got[0] == "DONE"]
     done = ends[-1] if ends else None

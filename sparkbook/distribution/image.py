@@ -18,20 +18,18 @@ import json
 import re
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Callable, TypedDict
 
 from ..params import Node, Params
 from ..parsers import parse_sections
 from ..progress import Progress, bar
-from ..remote import REMOTE_DIR, Cluster, Script, peer_ssh, script
+from ..remote import REMOTE_DIR, SCRIPTS, Cluster, Script, peer_ssh, script
 from ..scripts.layerstore import chain_ids
 from ..settings import relay_plan
 from ..tables import Table, human_bytes, short_id
 from ..verdict import FAIL, PASS, WARN, Check, Verdict
 from .lines import Lines, number
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 STREAM_SCRIPTS = ("imagestream.py", "layerstore.py")  # copied to the head and the relays
 STREAM = f"{REMOTE_DIR}/imagestream.py"  # with layerstore.py next to it, on the head and every relay
 

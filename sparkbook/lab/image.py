@@ -352,8 +352,9 @@ def _prune(sock: Path, repo: str, keep: dict[str, str]) -> None:
         name, tag = ref.rsplit(":", 1)
         if name in keep and tag != "latest" and keep[name] not in tag:
             docker_at(sock, "rmi", ref, check=False)
+    current = model_key()  # hashes the model's inputs: once
     for old in LAB_HOME.glob("model-*"):
-        if not old.name.endswith(model_key()):
+        if not old.name.endswith(current):
             shutil.rmtree(old, ignore_errors=True)
 
 

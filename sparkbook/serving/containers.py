@@ -11,9 +11,11 @@ parameters name one (an image whose entrypoint wrapper must run first, such as N
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from contextlib import contextmanager
+from typing import Iterator, Mapping, Sequence
 
 from ..params import Node, Params
+from ..remote import Cluster
 
 
 def fabric_env(params: Params, node: Node) -> dict[str, str]:
@@ -67,3 +69,19 @@ def with_entrypoint(entrypoint: str | None, image: str | None, command: Sequence
     if entrypoint:
         return ["--entrypoint", entrypoint, str(image), *command]
     return ["--entrypoint", command[0], str(image), *command[1:]]
+
+
+@contextmanager
+def token_file(cluster: Cluster, nodes: list[Node], path: str, secret: str | None) -> Iterator[str | None]:
+    """The Hugging Face token as ``docker run --env-file`` on ``nodes`` (mode 600, never on a
+    command line), removed when the block ends, whatever happens; None without a token. Raises
+    :class:`~sparkbook.errors.CheckFailed` naming the nodes where it cannot be written."""
+    if not secret:
+        yield None
+        return
+    try:
+        cluster.put_bytes(f"HF_TOKEN={secret}\nHUGGING_FACE_HUB_TOKEN={secret}\n".encode(), path, nodes,
+                          mode=0o600).check("write the token file on the nodes")
+        yield path
+    finally:
+        cluster.run(["rm", "-f", path], nodes)

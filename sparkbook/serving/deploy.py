@@ -106,8 +106,8 @@ def record_ray_workers(params: Params, cluster: Cluster, dep: Deployment) -> Non
     proof that the Ray executor serves across the nodes, not a silent fallback)."""
     if params.serving.executor != "ray" or not dep.ready:
         return
-    rc = ray_nodes(params, cluster)
-    dep.ray_workers, dep.ray_workers_error = rc.vllm_workers(), rc.actors_error
+    rc = ray_nodes(params, cluster, actors=True)
+    dep.ray_workers, dep.ray_workers_error = rc.workers, rc.workers_error
 
 
 def what_runs(params: Params, cluster: Cluster, states: dict[str, NodeState],
@@ -178,9 +178,7 @@ def wait_ready(params: Params, cluster: Cluster, dep: Deployment, timeout: float
                 dep.seen = f"the serving container stopped on {', '.join(dep.stopped)}"
                 return
             if dep.stall:
-                st = dep.stall
-                dep.seen = (f"no progress on any node for {st.quiet_s:.0f} s, in phase "
-                            f"'{st.phase or 'start'}' ({st.node} is furthest behind)")
+                dep.seen = dep.stall.summary
                 return
             time.sleep(3)
         dep.seen = f"not ready after {timeout:.0f} s ({dep.seen})"

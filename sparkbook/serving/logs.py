@@ -54,11 +54,9 @@ def diagnose(params: Params, cluster: Cluster, run_dir: Path) -> list[Diagnosis]
     specific signature found in any of them is the node's cause."""
     found = []
     for node, folder in collect_logs(params, cluster, run_dir).items():
-        hits = [hit for p in sorted(folder.glob("*.log"))
-                if not p.name.startswith("previous-") and p.name != "processes.log"
-                for hit in signatures.match(p.read_text(errors="replace"), source=p.name)[:1]]
-        if hits:
-            hit = min(hits, key=lambda h: signatures.ORDER[h.name])
+        hit = signatures.most_specific({p.name: p.read_text(errors="replace") for p in sorted(folder.glob("*.log"))
+                                        if not p.name.startswith("previous-") and p.name != "processes.log"})
+        if hit:
             found.append(Diagnosis(node, hit.cause, f"{hit.evidence} ({hit.where})", hit.remedy,
                                    str(folder)))
     return found

@@ -27,11 +27,6 @@ class RayNode(TypedDict):
     resources: dict[str, float]  # CPU, GPU, object_store_memory...
 
 
-class RayActor(TypedDict):
-    cls: str   # the actor's class: vLLM's Ray workers are RayWorkerProc (its newer Ray executor)
-    node: str  # or RayWorkerWrapper (the compiled-graph one, vLLM 0.17's)
-
-
 @dataclass
 class RayCluster(Outcome):
     """The Ray cluster as the head's Ray sees it (04's outcome, kept only in memory)."""
@@ -40,38 +35,40 @@ class RayCluster(Outcome):
     status_text: str = ""  # `ray status`
     seconds: float = 0.0
     error: str | None = None
-    actors: list[RayActor] = field(default_factory=list)  # live actors, by node name
-    actors_error: str | None = None  # why they could not be listed
-
-    def vllm_workers(self) -> dict[str, int]:
-        """vLLM's Ray worker actors per node (every node of the cluster, 0 where it has none)."""
-        out = {name: 0 for name in self.nodes}
-        for a in self.actors:
-            if "Worker" in a["cls"]:
-                out[a["node"]] = out.get(a["node"], 0) + 1
-        return out
+    workers: dict[str, int] = field(default_factory=dict)  # with actors: vLLM's Ray workers by node
+    workers_error: str | None = None  # why the actors could not be listed
 
 
-def ray_nodes(params: Params, cluster: Cluster) -> RayCluster:
-    """The Ray cluster as the head's Ray sees it, by node name (matched on fabric addresses)."""
-    r = cluster.run_on(params.head, script("ray_nodes.sh", RAY_CONTAINER), timeout=90)
+def ray_nodes(params: Params, cluster: Cluster, actors: bool = False) -> RayCluster:
+    """The Ray cluster as the head's Ray sees it, by node name (matched on fabric addresses); with
+    ``actors``, also vLLM's Ray workers per node (every node of the cluster, 0 where it has none;
+    a call to Ray's state API, so not on every poll)."""
+    r = cluster.run_on(params.head, script("ray_nodes.sh", RAY_CONTAINER, *(["actors"] if actors else [])),
+                       timeout=90)
     out = RayCluster(status_text=parse_sections(r.stdout).get("status", ""))
     found = re.search(r"^RAYNODES (.*)$", r.stdout, re.M)
     if not found:
         out.error = r.summary()
         out.missing = [n.name for n in params.serving_nodes]
         return out
-    by_ip = {n.fabric_address: n.name for n in params.nodes}
+    by_ip = params.by_address
     for rec in json.loads(found.group(1)):
         if rec["alive"] and rec["ip"] in by_ip:
             out.nodes[by_ip[rec["ip"]]] = rec
     out.missing = [n.name for n in params.serving_nodes if n.name not in out.nodes]
-    actors = re.search(r"^RAYACTORS (.*)$", r.stdout, re.M)
-    if actors:
-        out.actors = [{"cls": a["class"], "node": by_ip.get(a["ip"], a["ip"])} for a in json.loads(actors.group(1))]
+    if not actors:
+        return out
+    listed = re.search(r"^RAYACTORS (.*)$", r.stdout, re.M)
+    if listed:
+        # vLLM's Ray workers: RayWorkerProc (its newer Ray executor), RayWorkerWrapper (vLLM 0.17's)
+        out.workers = {name: 0 for name in out.nodes}
+        for a in json.loads(listed.group(1)):
+            if "Worker" in a["class"]:
+                node = by_ip.get(a["ip"], a["ip"])
+                out.workers[node] = out.workers.get(node, 0) + 1
     else:
         why = re.search(r"^RAYACTORS-ERROR (.*)$", r.stdout, re.M)
-        out.actors_error = why.group(1) if why else "no answer from Ray's state API"
+        out.workers_error = why.group(1) if why else "no answer from Ray's state API"
     return out
 
 

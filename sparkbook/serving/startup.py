@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from ..params import Params
 from ..parsers import parse_sections
 from ..remote import Cluster, script
+from ..signatures import ray_address
 from .commands import RAY_CONTAINER, SERVE_LOG, SERVE_PATTERN, serving_container
 
 TAIL_LINES = 40
@@ -54,23 +55,24 @@ WAITING = re.compile(r"Waiting for creating a placement group|No available share
                      r"[Ss]till waiting|[Ww]aiting for .* (to|be) (start|ready|join|finish)")
 
 _PHASE_RES = [(name, re.compile(pattern, re.I)) for name, pattern, _ in PHASES]
+ORDER = [name for name, *_ in PHASES]
+CAUSE = {name: cause for name, _, cause in PHASES}
 START_CAUSE = ("vLLM started but its log says nothing yet: the image's entrypoint or the command "
                "(serving.extra_args), or a node that cannot start Python at all")
 
 
 def phase_of(lines: list[str], current: str = "") -> str:
     """The latest phase ``lines`` reach (phases never go back: ``current`` is kept otherwise)."""
-    order = [name for name, _ in _PHASE_RES]
-    best = order.index(current) if current in order else -1
+    best = ORDER.index(current) if current in ORDER else -1
     for line in lines:
         for i, (_, rx) in enumerate(_PHASE_RES):
             if i > best and rx.search(line):
                 best = i
-    return order[best] if best >= 0 else current
+    return ORDER[best] if best >= 0 else current
 
 
 def likely_cause(phase: str) -> str:
-    return next((cause for name, _, cause in PHASES if name == phase), START_CAUSE)
+    return CAUSE.get(phase, START_CAUSE)
 
 
 @dataclass
@@ -116,7 +118,6 @@ def read_progress(params: Params, cluster: Cluster) -> dict[str, NodeProgress]:
     return out
 
 
-_RAY_IP = re.compile(r"\((?:\w+ )?pid=\d+, ip=([0-9a-fA-F.:]+)\)")
 
 
 def attribute_ray_lines(params: Params, readings: dict[str, NodeProgress]) -> None:
@@ -126,11 +127,9 @@ def attribute_ray_lines(params: Params, readings: dict[str, NodeProgress]) -> No
     head = readings.get(params.head.name)
     if head is None:
         return
-    by_ip = {n.fabric_address: n.name for n in params.nodes}
     own = []
     for line in head.tail:
-        found = _RAY_IP.search(line)
-        node = by_ip.get(found.group(1)) if found else None
+        node = params.by_address.get(ray_address(line) or "")
         if node and node != params.head.name and node in readings:
             readings[node].tail.append(line)
         else:
@@ -156,6 +155,13 @@ class Stall:
     quiet_s: float   # how long no node made progress
     last_line: str
     cause: str
+
+    @property
+    def summary(self) -> str:
+        """``stalled in phase 'weights': no new log line and no CPU used by vLLM on any node for
+        62 s; spark-2 is furthest behind``."""
+        return (f"stalled in phase '{self.phase or 'start'}': no new log line and no CPU used by vLLM "
+                f"on any node for {self.quiet_s:.0f} s; {self.node} is furthest behind")
 
 
 @dataclass
@@ -186,10 +192,9 @@ class StallWatch:
             return None
         # the node furthest behind (its log reached the earliest phase) is the likely culprit:
         # the others wait for it; among equals, the one that went quiet first
-        order = [name for name, *_ in PHASES]
-        rank = {n: order.index(ph) if ph else -1 for n, ph in self.phases.items()}
+        rank = {n: ORDER.index(ph) if ph else -1 for n, ph in self.phases.items()}
         behind = min(self._moved, key=lambda n: (rank.get(n, -1), self._moved[n]))
-        ahead = max(self.phases.values(), key=lambda ph: order.index(ph) if ph else -1)
+        ahead = max(self.phases.values(), key=lambda ph: ORDER.index(ph) if ph else -1)
         phase = self.phases.get(behind) or ahead
         return Stall(behind, phase, now - max(self._moved.values()), readings[behind].last_line,
                      likely_cause(phase))

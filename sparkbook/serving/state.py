@@ -13,7 +13,7 @@ from ..remote import Cluster, command_line, script
 from ..tables import short_id
 from ..verdict import FAIL, Check
 from .commands import ENV_FILE, FINGERPRINT, LOG_DIR, container_command, container_name, groups, token
-from .containers import LABEL
+from .containers import LABEL, token_file
 
 
 @dataclass
@@ -62,22 +62,15 @@ def start(params: Params, cluster: Cluster, nodes: list[Node], ray: bool,
     """Start the containers on ``nodes`` in order (see :func:`groups`: each group on all of its
     nodes at once), in place of any of the same name, passing the token through a mode-600 file
     removed right after."""
-    secret = token(params)
     cluster.run(["mkdir", "-p", LOG_DIR], nodes).check("make the log folder on the nodes")
-    if secret:
-        cluster.put_bytes(f"HF_TOKEN={secret}\nHUGGING_FACE_HUB_TOKEN={secret}\n".encode(), ENV_FILE,
-                          nodes, mode=0o600).check("write the token file on the nodes")
     name = container_name(params, ray)
-    try:
+    with token_file(cluster, nodes, ENV_FILE, token(params)):
         for group in groups(nodes, ray):
             say(f"starting {name} on {', '.join(n.name for n in group)}")
             cluster.run(lambda n: script("replace_container.sh", name, *container_command(params, n, ray)),
                         group, timeout=120).check(
                 f"start {name}", "see the command and its message above; 08_teardown removes "
                 "what was started")
-    finally:
-        if secret:
-            cluster.run(["rm", "-f", ENV_FILE], nodes)
 
 
 def require_image(params: Params, states: dict[str, NodeState]) -> None:

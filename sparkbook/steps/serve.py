@@ -83,9 +83,7 @@ def checks(params: Params, outcome: Deployment) -> list[Check]:
     if dep.stall:
         st = dep.stall
         out.append(Check("startup progress", st.node, FAIL,
-                         f"stalled in phase '{st.phase or 'start'}': no new log line and no CPU used by "
-                         f"vLLM on any node for {st.quiet_s:.0f} s; {st.node} is furthest behind"
-                         + (f" (last line: {st.last_line[-160:]})" if st.last_line else ""),
+                         st.summary + (f" (last line: {st.last_line[-160:]})" if st.last_line else ""),
                          f"progress within serving.stall_timeout ({params.serving.stall_timeout:.0f} s)",
                          st.cause, f"logs: {dep.logs.get(st.node, 'logs/' + st.node)}"))
     for d in dep.diagnosis:
