@@ -9,13 +9,16 @@ Client CPU is compared over the measured run only: vllm bench serve's process CP
 "Starting main benchmark run" and its result (read from /proc in the container; its start-up,
 imports and local tokenization left out), against the CPU of sparkbook's client loop during the
 level (its prompt sizing left out the same way), each divided by the output tokens. Both clients
-run on the head node and reach vLLM over its loopback: vllm bench serve in the lab image
-(`--network host`), sparkbook in the head's network namespace. On this machine
+run on the head node and reach vLLM on the address it is bound to (serving.bind): vllm bench serve
+in the lab image (`--network host`), sparkbook in the head's network namespace. On this machine
 the clients share two cores with the server, whose speed drifts between runs: each level runs as
 several pairs, the two clients back to back in alternating order, and the median of the pairs'
 ratios is compared with the goals.
 
-Needs root and `sparkbook lab up`; brings vLLM up with 05's serve (kept if already serving).
+Needs root and `sparkbook lab up`; brings vLLM up with 05's serve (kept if already serving). Leaves
+the lab as it found it, also when interrupted (Ctrl-C, SIGTERM): what it started (vLLM, Ray, the
+reference client's container) is removed as 08 removes it; a deployment that was already serving
+stays.
 
     .venv/bin/python benchmarks/bench_vs_vllm.py [--input-len 128] [--output-len 128] [--python PY]
 
@@ -37,14 +40,19 @@ import sys
 import time
 from pathlib import Path
 
+from sparkbook import lock
 from sparkbook.bench import load as bench_load
-from sparkbook.serving.deploy import serve
+from sparkbook.serving.deploy import healthy, serve
+from sparkbook.serving.teardown import teardown
 from sparkbook.steps import serve as serve_step
 from sparkbook.verdict import Verdict
+from sparkbook.serving.commands import api_bind
 from sparkbook.serving.containers import docker_run
 from sparkbook.lab import Lab
 from sparkbook.notebook import default_run_dir
-from sparkbook.remote import REMOTE_DIR, Cluster, command_line
+from sparkbook.remote import Cluster
+from sparkbook.shell import command_line
+from sparkbook.workdir import prepare, workdir
 
 LEVELS = ((1, 16), (8, 64), (32, 128))  # (max concurrency, requests)
 RATIOS = ("output_tok_s", "mean_ttft_ms", "cpu_ms_per_token")
@@ -69,21 +77,30 @@ sys.exit(code)
 """
 
 
+def reference_container(params) -> str:
+    return f"sparkbook-{params.name}-bench"
+
+
+def api_on_head(params) -> str:
+    """vLLM's API as the clients on the head reach it: where it is bound (serving.bind)."""
+    return f"http://{api_bind(params)}:{params.ports.api}"
+
+
 def vllm_bench(params, cluster, concurrency, n, input_len, output_len):
     """One `vllm bench serve` run on the head: its result JSON and its CPU seconds."""
     name = f"c{concurrency}-n{n}.json"
+    results = f"{workdir(params, params.head)}/bench"
     cmd = ["python3", "-c", CPU, "vllm", "bench", "serve", "--backend", "vllm",
-           "--base-url", f"http://127.0.0.1:{params.ports.api}", "--endpoint", "/v1/completions",
+           "--base-url", api_on_head(params), "--endpoint", "/v1/completions",
            "--model", params.model.path, "--tokenizer", params.model.path, "--dataset-name", "random",
            "--random-input-len", str(input_len), "--random-output-len", str(output_len), "--ignore-eos",
            "--num-prompts", str(n), "--max-concurrency", str(concurrency), "--request-rate", "inf",
-           "--seed", "0", "--temperature", "0", "--disable-tqdm", "--save-result", "--result-dir", f"{REMOTE_DIR}/bench",
+           "--seed", "0", "--temperature", "0", "--disable-tqdm", "--save-result", "--result-dir", results,
            "--result-filename", name]
-    run = docker_run(params, params.head, "sparkbook-bench-reference", cmd, detach=False, remove=True,
-                     mounts=[f"{params.model.path}:{params.model.path}:ro",
-                             f"{REMOTE_DIR}/bench:{REMOTE_DIR}/bench"])
-    r = cluster.run_on(params.head, f"mkdir -p {REMOTE_DIR}/bench && " + command_line(run)
-                       + f" && cat {REMOTE_DIR}/bench/{name}", timeout=900)
+    run = docker_run(params, params.head, reference_container(params), cmd, detach=False, remove=True,
+                     mounts=[f"{params.model.path}:{params.model.path}:ro", f"{results}:{results}"])
+    r = cluster.run_on(params.head, command_line(["mkdir", "-p", results]) + " && " + command_line(run)
+                       + " && " + command_line(["cat", f"{results}/{name}"]), timeout=900)
     if not r.ok:
         raise SystemExit(f"vllm bench serve failed: {r.summary(20)}")
     cpu = float(next(ln.split()[1] for ln in r.stdout.splitlines() if ln.startswith("CPU_S")))
@@ -94,7 +111,7 @@ def ours(lab, params, concurrency, n, input_len, output_len, python=sys.executab
     """One sparkbook run_load in the head node's network namespace (this script again, as a
     client): the level as JSON; its client_cpu_s is its loop's CPU during the level."""
     pid = lab.init_pid(lab.nodes()[0])
-    job = json.dumps({"url": f"http://127.0.0.1:{params.ports.api}", "model": params.model.path,
+    job = json.dumps({"url": api_on_head(params), "model": params.model.path,
                       "concurrency": concurrency, "n": n, "input_len": input_len, "output_len": output_len})
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     r = subprocess.run(["nsenter", "-t", str(pid), "-n", "--", python, __file__, "--client", job],
@@ -129,9 +146,37 @@ def main() -> None:
     params = lab.params()
     cluster = Cluster.from_params(params)
     run_dir = default_run_dir(params).parent / f"bench-vs-vllm-{time.strftime('%Y%m%dT%H%M%S')}"
-    dep = serve(params, cluster, run_dir, say=print)
-    if not dep.ready:
-        raise SystemExit(Verdict(serve_step.TITLE, serve_step.checks(params, dep)).to_text())
+    with lab.as_found():
+        prepare(params, cluster, [params.head])
+        held = lock.acquire(params, cluster, str(run_dir))  # no run of the runbook meanwhile
+        was_serving, dep = healthy(params).ready, None
+        try:
+            dep = serve(params, cluster, run_dir, say=print)
+            if not dep.ready:
+                raise SystemExit(Verdict(serve_step.TITLE, serve_step.checks(params, dep)).to_text())
+            measure(args, lab, params, cluster, run_dir)
+        finally:
+            leave_as_found(params, cluster, run_dir, kept=was_serving and (dep is None or dep.action == "kept"))
+            held.release()
+
+
+def leave_as_found(params, cluster, run_dir: Path, kept: bool) -> None:
+    """The reference client's container off the head (an interruption leaves it running); and,
+    unless vLLM was already serving before the benchmark and still is the same, everything the
+    benchmark started, as 08 removes it (logs kept in the run folder first)."""
+    cluster.run_on(params.head, ["docker", "rm", "-f", reference_container(params)], timeout=60)
+    if kept:
+        print("vLLM was serving before the benchmark: left serving")
+        return
+    out = teardown(params, cluster, run_dir)
+    print("removed what the benchmark started: " + (", ".join(
+        f"{n}: {' '.join(c)}" for n, c in out.removed.items()) or "nothing was left running"))
+    if out.remaining or out.listeners or out.errors:
+        print(f"still on the nodes: {out.remaining or ''} {out.listeners or ''} {out.errors or ''}")
+
+
+def measure(args, lab, params, cluster, run_dir: Path) -> None:
+    """The levels, each as --repeat back-to-back pairs; the table, saved in the run folder."""
     print(f"sparkbook's client runs on {args.python}")
     rows = []
     for concurrency, n in LEVELS:

@@ -30,7 +30,8 @@ from sparkbook.distribution.image import ImageOutcome, distribute_image, image_c
 from sparkbook.lab import Lab
 from sparkbook.lab.lab import docker
 from sparkbook.params import Params
-from sparkbook.remote import Cluster, command_line, peer_ssh
+from sparkbook.remote import Cluster
+from sparkbook.shell import command_line, peer_ssh
 from sparkbook.verdict import Verdict
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -3,7 +3,8 @@ time per node.
 
 Goals: the controller's (this machine's) CPU time per node flat from 2 to 8 nodes (the 8-node
 figure at most 1.2x the 2-node one, issue 14), stated next to the wall-clock ratio; and the 2-node
-preflight under 15 s. Needs root; uses `sparkbook lab`.
+preflight under 15 s. Needs root; uses `sparkbook lab`, and leaves it as it found it at the end, also
+when interrupted (Ctrl-C, SIGTERM): as many nodes up again, or none.
 
 Both node counts run against one 8-node lab: the 2-node preflight targets its first two nodes
 (parameters/lab.yaml names exactly those), so both see the same machines and the same idle
@@ -136,19 +137,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
-    lab = Lab()
     quiet = lambda *_: None
-    lab.down(say=quiet)
-    eight = load(lab.up(8, say=quiet))
-    two = load(params_file(2))
-    same = [(n.name, n.host) for n in two.nodes] == [(n.name, n.host) for n in eight.nodes[:2]]
-    assert same, f"{params_file(2)} does not name the first two nodes of the 8-node lab"
-    try:
+    with Lab().as_found(say=quiet) as lab:
+        lab.down(say=quiet)
+        eight = load(lab.up(8, say=quiet))
+        two = load(params_file(2))
+        same = [(n.name, n.host) for n in two.nodes] == [(n.name, n.host) for n in eight.nodes[:2]]
+        assert same, f"{params_file(2)} does not name the first two nodes of the 8-node lab"
         rows = {2: measure(two, args.repeat), 8: measure(eight, args.repeat)}
         serial_s = one_at_a_time(eight)
-    finally:
-        lab.down(say=quiet)
-        lab.up(2, say=quiet)
     lines = report(rows, serial_s, args.repeat)
     print("\n".join(lines))
     RESULTS.mkdir(exist_ok=True)

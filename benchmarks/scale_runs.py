@@ -5,8 +5,8 @@ lab with the mp executor (TP 2 x PP 2, `--nnodes 4`). CI runs the 4-node Ray run
 
 Each run goes through `sparkbook run`, as a person runs it, into outputs/DATE-scale-NAME/ (the
 run folders, with their report.html); the steps' times and statuses are printed and written to
-benchmarks/results/scale_runs-lab-DATE.md. Needs root; takes the lab down first and leaves a 2-node
-lab up at the end.
+benchmarks/results/scale_runs-lab-DATE.md. Needs root; takes the lab down first and leaves it as it
+found it at the end, also when interrupted (Ctrl-C, SIGTERM): as many nodes up again, or none.
 
     .venv/bin/python benchmarks/scale_runs.py [--only 8|4mp]
 """
@@ -76,15 +76,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", choices=("8", "4mp"))
     args = ap.parse_args()
-    lab = Lab()
-    try:
+    with Lab().as_found() as lab:
         if args.only in (None, "8"):
             one(lab, "lab8-00-03", 8, "0,1,2,3", lambda d: None)
         if args.only in (None, "4mp"):
             one(lab, "lab4-mp", 4, None, mp)
-    finally:
-        lab.down(say=lambda *_: None)
-        lab.up(2, say=lambda *_: None)
     text = record()
     print(text)
     path = RESULTS / f"scale_runs-lab-{datetime.date.today()}.md"

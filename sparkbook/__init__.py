@@ -6,7 +6,8 @@ __version__ = "0.1.0"
 from . import notebook, step
 from .errors import CheckFailed, SparkbookError
 from .params import Params, ParamsError, load as load_params
-from .remote import Cluster, Result, Results, sh
+from .remote import Cluster, Result, Results
+from .shell import sh
 from .tables import Table
 from .verdict import Check, Verdict
 

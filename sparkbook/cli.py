@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -31,7 +32,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     for s in summary["steps"]:
         print(f"  {s['name']:<{width}}  {s['status']:<7}  {s['duration_s']:7.1f} s")
     print(f"report: {Path(summary['run_dir']) / 'report.html'}\nstatus: {summary['status'].upper()}")
+    if summary["status"] == "interrupted":  # the shell's convention: 128 + the signal
+        return 128 + signal.Signals[summary["signal"]].value
     return 0 if summary["status"] == "passed" else 1
+
+
+def cmd_unlock(args: argparse.Namespace) -> int:
+    from .lock import unlock
+    from .notebook import open_cluster
+    from .params import load
+    params = load(_params(args))
+    holder = unlock(params, open_cluster(params))
+    print(f"deployment {params.name!r}: " + (f"broke the lock held by {holder}" if holder else
+                                             f"no lock on the head {params.head.name}"))
+    return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -128,9 +142,12 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run the numbered notebooks into a run folder",
                        description="Execute the numbered notebooks in order with papermill into a "
-                       "run folder; skip the steps after the first failing one, except teardown, which "
-                       "still runs (see --keep-on-failure); write summary.json and "
-                       "report.html. Exit code 0 only when every step passed.")
+                       "private run folder; skip the steps after the first failing one, except "
+                       "teardown, which still runs (see --keep-on-failure); write summary.json and "
+                       "report.html. Ctrl-C or SIGTERM stops the running step, runs the teardown and "
+                       "exits 130 or 143; a second signal skips the teardown. While a step that "
+                       "changes the nodes is selected, the run holds the deployment's lock on the "
+                       "head. Exit code 0 only when every step passed.")
     _params_arg(p)
     p.add_argument("--steps", help="comma-separated steps, by number or name (default: all)")
     p.add_argument("--out", metavar="DIR", help="run folder (default: outputs/<UTC time>-<name>/)")
@@ -140,9 +157,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--notebooks", default=None, metavar="DIR",
                    help="folder of numbered notebooks (default: the project's notebooks/)")
     p.add_argument("--keep-on-failure", action="store_true",
-                   help="after a failed step, skip teardown too: leave the deployment running to "
-                   "look at it (08_teardown removes it later)")
+                   help="after a failed or interrupted step, skip teardown too: leave the "
+                   "deployment running to look at it (08_teardown removes it later)")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("unlock", help="break the deployment's lock on the head",
+                       description="Remove the lock that a run of the deployment holds on the head "
+                       "(whoever holds it) and say whose it was. A run holds it while it changes the "
+                       "nodes; break it only when that run is gone (a lock whose holder stopped "
+                       "refreshing it is taken over without this).")
+    _params_arg(p)
+    p.set_defaults(func=cmd_unlock)
 
     p = sub.add_parser("report", help="rebuild report.html of a run folder",
                        description="Rebuild report.html from a run folder's summary.json and "

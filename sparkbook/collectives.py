@@ -15,15 +15,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import signatures
-from .serving.containers import docker_run
+from . import signatures, workdir
 from .params import Node, Params
 from .parsers import nccl_transport, parse_nccl_log
-from .remote import REMOTE_DIR, Cluster
+from .redact import mask
+from .remote import Cluster
+from .serving.containers import deployment_label, docker_run, named
+from .serving.state import remove
 from .tables import Table, human_bytes
 from .verdict import FAIL, PASS, SKIP, WARN, Check
 
-CONTAINER = "sparkbook-collectives"
 SCRIPT = Path(__file__).parent / "scripts" / "allreduce.py"
 PHASES = ("rendezvous", "started", "init-done", "first-collective", "first-collective-done", "done")
 
@@ -33,6 +34,16 @@ def backend(params: Params) -> str:
     if b != "auto":
         return b
     return "nccl" if params.runtime.gpus and any(params.gpus_of(n) for n in params.nodes) else "gloo"
+
+
+def container(params: Params) -> str:
+    """The sweep's container on every node (this deployment's)."""
+    return named(params, "collectives")
+
+
+def script_path(params: Params, node: Node) -> str:
+    """allreduce.py on ``node``, in the private working folder (mounted read-only)."""
+    return f"{workdir.workdir(params, node)}/allreduce.py"
 
 
 def master(params: Params) -> tuple[str, int]:
@@ -47,11 +58,12 @@ def command(params: Params, node: Node) -> list[str]:
     nproc = max(params.gpus_of(node), 1) if be == "nccl" else 1
     torchrun = ["torchrun", f"--nnodes={len(params.nodes)}", f"--nproc-per-node={nproc}",
                 f"--node-rank={params.nodes.index(node)}", f"--master-addr={addr}",
-                f"--master-port={port}", f"{REMOTE_DIR}/allreduce.py", "--backend", be,
+                f"--master-port={port}", script_path(params, node), "--backend", be,
                 "--sizes", ",".join(map(str, c.sizes())), "--iters", str(c.iters),
                 "--warmup", str(c.warmup), "--timeout", str(int(c.timeout_s))]
     env = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET", "PYTHONUNBUFFERED": "1"}
-    return docker_run(params, node, CONTAINER, torchrun, env=env, mounts=[f"{REMOTE_DIR}:{REMOTE_DIR}:ro"])
+    here = script_path(params, node)
+    return docker_run(params, node, container(params), torchrun, env=env, mounts=[f"{here}:{here}:ro"])
 
 
 @dataclass
@@ -89,9 +101,10 @@ def run(params: Params, cluster: Cluster, run_dir: Path | None = None, omit: tup
     diagnosis). Always removes the containers and collects every node's log."""
     out = Sweep(backend(params))
     nodes = params.nodes
-    cluster.run(["mkdir", "-p", REMOTE_DIR]).check("make the script folder on the nodes")
-    cluster.put(SCRIPT, f"{REMOTE_DIR}/allreduce.py").check("copy the all-reduce script to the nodes")
-    cluster.run(["docker", "rm", "-f", CONTAINER])  # a leftover of an interrupted run
+    name = container(params)
+    workdir.prepare(params, cluster)
+    cluster.put(SCRIPT, lambda n: script_path(params, n)).check("copy the all-reduce script to the nodes")
+    cluster.run(remove(params, name))  # a leftover of an interrupted run (this deployment's only)
     start = time.monotonic()
     try:
         # workers first: the head's rank 0 hosts the rendezvous and waits for them
@@ -105,7 +118,7 @@ def run(params: Params, cluster: Cluster, run_dir: Path | None = None, omit: tup
         deadline = start + params.collectives.timeout_s
         shown = 0.0
         while True:
-            states = cluster.run(["docker", "inspect", "-f", "{{.State.Running}} {{.State.ExitCode}}", CONTAINER])
+            states = cluster.run(["docker", "inspect", "-f", "{{.State.Running}} {{.State.ExitCode}}", name])
             running = {n: r.stdout.split()[0] == "true" for n, r in states.items() if r.ok}
             if not any(running.values()):
                 out.exit_codes = {n: int(r.stdout.split()[1]) if r.ok else None for n, r in states.items()}
@@ -118,7 +131,7 @@ def run(params: Params, cluster: Cluster, run_dir: Path | None = None, omit: tup
                 say(f"  {shown - start:5.0f} s: running on {', '.join(n for n, r in running.items() if r)}")
             time.sleep(1)
     finally:
-        logs = cluster.run(["docker", "logs", CONTAINER], timeout=60)
+        logs = cluster.run(["docker", "logs", name], timeout=60)
         for node in nodes:
             r = logs[node.name]
             text = (r.stdout + r.stderr) if r.exit_code == 0 else f"(no container on {node.name}: {r.summary()})"
@@ -126,9 +139,10 @@ def run(params: Params, cluster: Cluster, run_dir: Path | None = None, omit: tup
             if run_dir is not None:
                 path = Path(run_dir) / "logs" / node.name / "collectives.log"
                 path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(text)
-        cluster.run(["docker", "rm", "-f", CONTAINER], timeout=60)
-        left = cluster.run(["docker", "ps", "-aq", "--filter", f"name=^{CONTAINER}$"])
+                path.write_text(mask(text))
+        cluster.run(remove(params, name), timeout=60)
+        left = cluster.run(["docker", "ps", "-aq", "--filter", f"label={deployment_label(params)}",
+                            "--filter", f"name=^{name}$"])
         out.left_running = [n for n, r in left.items() if r.stdout.strip()]
     out.duration_s = time.monotonic() - start
     for node in nodes:
@@ -185,7 +199,7 @@ def checks(params: Params, out: Sweep) -> list[Check]:
     if out.left_running:
         found.append(Check("cleanup", ", ".join(out.left_running), FAIL,
                            "the all-reduce container is still there", "removed",
-                           f"docker rm -f {CONTAINER}"))
+                           f"docker rm -f {container(params)}"))
     if out.result is None:
         phase, cause = diagnose(params, out)
         what = f"no result after {out.duration_s:.0f} s" + (" (time limit reached)" if out.timed_out else "")

@@ -9,7 +9,8 @@ from typing import ClassVar, TypedDict
 
 from .params import Params
 from .parsers import parse_key_values, parse_nvidia_smi_csv, parse_sections
-from .remote import Cluster, Script, script
+from .remote import Cluster
+from .shell import Script, script
 from .step import Outcome
 from .tables import Table
 from .verdict import FAIL, PASS, WARN, Check

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-from .remote import Script, script
+from .shell import Script, script
 
 
 class FileEntry(TypedDict):
@@ -16,11 +16,15 @@ class FileEntry(TypedDict):
 
 Manifest = dict[str, FileEntry]  # relative path -> entry
 
+# Where the model sync's rsync keeps an interrupted copy's partial files (one such folder in each
+# folder of the model it copies into), until the next copy resumes them: never listed.
+PARTIAL_DIR = ".sparkbook-partial"
+
 
 def manifest_script(path: str, hash_all: bool) -> Script:
     """``model_manifest.sh``: ``size<TAB>-<TAB>relative path`` per file, then ``#path<TAB>sha256``
     for the hashed files (config-like ones, or all), or ``absent``."""
-    return script("model_manifest.sh", path, "all" if hash_all else "config")
+    return script("model_manifest.sh", path, "all" if hash_all else "config", PARTIAL_DIR)
 
 
 def parse_manifest(text: str) -> Manifest | None:
@@ -55,6 +59,12 @@ def manifest_differences(reference: Manifest, other: Manifest | None) -> dict[st
         elif a["sha256"] and b["sha256"] and a["sha256"] != b["sha256"]:
             out[n] = "content differs"
     return out
+
+
+def split_extras(diffs: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """:func:`manifest_differences` as what must be copied (missing or different files), and the
+    extras: files the other node holds that the reference lacks (never copied over)."""
+    return ({n: d for n, d in diffs.items() if d != "extra"}, [n for n, d in diffs.items() if d == "extra"])
 
 
 def describe_differences(diffs: dict[str, str]) -> list[str]:

@@ -10,23 +10,31 @@ A notebook's ``parameters`` cell holds only ``params_file`` and ``run_dir`` (bot
 :func:`start` handles the three and prints which parameters and which run folder are used. The
 returned :class:`Context` runs the notebook's step (a module of :mod:`sparkbook.steps`, see
 :mod:`sparkbook.step`), records its outcome, gates and concludes.
+
+A step that changes the nodes (:data:`sparkbook.lock.STEPS`) holds the deployment's lock on the
+head from :func:`start` until it concludes (or its kernel exits); under ``sparkbook run``, which
+holds the lock for the whole run, it passes. Another run holding it stops the step at
+:func:`start`, with a message that names the holder.
 """
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import os
+import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import yaml
 
-from . import __version__
+from . import __version__, lock
 from .params import FIELDS, Params, ParamsError, default_params_file, project_root, validate
+from .redact import mask
 from .remote import Cluster
 from .step import Outcome, Step
 from .verdict import Check, Verdict
@@ -50,6 +58,7 @@ class Context:
     started: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
     gated: dict[str, list[Check]] = field(default_factory=dict)
     outcomes: list[Outcome] = field(default_factory=list)
+    held: lock.Lock | None = None  # the deployment's lock, while this step holds it
 
     @cached_property
     def cluster(self) -> Cluster:
@@ -71,13 +80,36 @@ class Context:
         self.outcomes = [o for o in self.outcomes if type(o) is not type(outcome)] + [outcome]
         return outcome
 
+    def hold(self) -> None:
+        """Take the deployment's lock when this step changes the nodes (see :mod:`sparkbook.lock`);
+        raises :class:`~sparkbook.lock.LockHeld` naming the holder when another run has it."""
+        if self.held is not None or self.step is None or not lock.changes_state(self.step.NAME):
+            return
+        self.held = lock.acquire(self.params, self.cluster, str(self.run_dir))
+        if self.held.owned:  # taken by this kernel: kept fresh, and given back if it exits first
+            self.held.keep_fresh()
+            _at_exit(self.held.release)
+
+    def release(self) -> None:
+        """Give the lock back (it stays with ``sparkbook run`` when the run holds it)."""
+        if self.held is not None:
+            self.held.release()
+            self.held = None
+
     def run(self, **kw: Any) -> Outcome:
-        """The step's work (``step.run(ctx, **kw)``), recorded."""
-        return self.record(self._step().run(self, **kw))
+        """The step's work (``step.run(ctx, **kw)``), recorded. Work that raises gives the lock
+        back (a cell run again takes it again): a failed cell in JupyterLab never keeps it."""
+        self.hold()
+        try:
+            return self.record(self._step().run(self, **kw))
+        except BaseException:
+            self.release()
+            raise
 
     def gate(self, checks: list[Check], key: str = "gate") -> None:
         """Checks before the work of a step: when any failed, the step ends here (as
         :meth:`conclude`); otherwise they are shown and become part of the final verdict."""
+        self.hold()
         self.gated[key] = list(checks)
         verdict = Verdict(f"{self._step().TITLE}: {key}", list(checks))
         if verdict.failures:
@@ -106,12 +138,14 @@ class Context:
         if dataclasses.is_dataclass(data):
             data = dataclasses.asdict(data)
         p = self.path(name)
-        p.write_text(json.dumps(data, indent=2, default=str) + "\n")
+        p.write_text(mask(json.dumps(data, indent=2, default=str)) + "\n")
         return p
 
     def conclude(self, outcome: Outcome | None = None) -> None:
         """The last cell of a notebook: show the verdict, keep it in the run folder
-        (``verdicts/NAME.json``, with the key numbers) and fail the cell when any check failed."""
+        (``verdicts/NAME.json``, with the key numbers) and fail the cell when any check failed.
+        The step ends here: its lock is given back."""
+        self.release()
         verdict = self.verdict(outcome)
         verdict.save(self.path("verdicts", f"{self.name}.json"))
         _show(verdict)
@@ -122,6 +156,13 @@ class Context:
         nodes = ", ".join(f"{n.name} ({n.role})" for n in p.nodes)
         return (f"sparkbook {__version__}\nparameters: {self.source}\n"
                 f"deployment: {p.name}: {len(p.nodes)} node(s): {nodes}\nrun folder: {self.run_dir}")
+
+
+def _at_exit(fn: Callable[[], None]) -> None:
+    """Call ``fn`` when the process exits, while threads can still start (``Cluster.run`` uses a
+    thread pool, which refuses work once plain ``atexit`` handlers run)."""
+    register = getattr(threading, "_register_atexit", atexit.register)  # CPython 3.9+
+    register(fn)
 
 
 def _show(verdict: Verdict) -> None:
@@ -170,8 +211,9 @@ def start(namespace: Mapping[str, Any], step: Step | None = None, quiet: bool = 
     run folder, and say which of each is used. ``step`` is the notebook's step module."""
     params, source = resolve(namespace)
     run_dir = Path(namespace.get("run_dir") or default_run_dir(params)).expanduser().resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # private, when made here
     ctx = Context(params, source, run_dir, step)
     if not quiet:
         print(ctx.describe())
+    ctx.hold()
     return ctx

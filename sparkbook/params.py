@@ -21,22 +21,25 @@ from pydantic import (
     field_validator,
 )
 
+from . import redact
 from .errors import SparkbookError
-from .redact import protect
+from .fields import (DAY, AbsolutePath, Address, DockerArgs, Image, Login, MountPath, NotOption,
+                     UniqueKeyLoader, Word, field_message, field_path)
 from .settings import Benchmark, Collectives, Distribution, Expectations, Section
 
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
-# Fields whose values are never echoed back in an error message.
-_SECRET_HINTS = ("token", "secret", "password", "passphrase")
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+SHORT_SECRET = (f"refuse secrets shorter than {redact.MIN_LEN} characters (masking them would "
+                "corrupt ordinary text): use a longer one")
 
 
 class Rail(Section):
     """One fabric rail of a node: a RoCE netdev, its address and the HCA behind it."""
 
-    interface: str = Field(pattern=r"^[A-Za-z0-9._-]{1,15}$")
+    interface: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,14}$")
     ip: ipaddress.IPv4Address
     prefix: int = Field(24, ge=1, le=32)
-    hca: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]+$")
+    hca: str | None = Field(None, pattern=r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
 
     @property
     def network(self) -> ipaddress.IPv4Network:
@@ -48,9 +51,11 @@ class Node(Section):
 
     name: str = Field(pattern=NAME_RE)
     host: str = Field(min_length=1, description="address or ~/.ssh/config alias")
-    user: str | None = None
-    port: int | None = Field(None, ge=1, le=65535)
-    key: str | None = Field(None, description="private key file")
+    user: Login | None = None
+    port: int | None = Field(None, ge=1, le=65535, description="the node's sshd port, on every "
+                             "address of the node (this machine's SSH and the nodes' own use it)")
+    key: NotOption | None = Field(None, description="private key file on this machine (it never "
+                                  "leaves it: the nodes use their own keys between them)")
     role: Literal["head", "worker"] = "worker"
     local: bool = Field(False, description="the notebook machine itself: commands run without SSH")
     gpus: int | None = Field(None, ge=0, description="overrides expectations.gpus_per_node")
@@ -69,49 +74,60 @@ class Node(Section):
     @field_validator("host")
     @classmethod
     def _host_chars(cls, v: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9._:%\[\]-]+", v):
+        if not re.fullmatch(r"[A-Za-z0-9._:%\[\]-]+", v) or v.startswith("-"):
             raise ValueError("not a host name, address or ssh-config alias")
         return v
 
 
 class SSH(Section):
-    known_hosts: list[str] = Field(
-        default_factory=list, description="known_hosts files read besides ~/.ssh/known_hosts"
-    )
-    connect_timeout: float = Field(10, gt=0)
-    command_timeout: float = Field(300, gt=0)
+    known_hosts: list[NotOption] = Field(
+        default_factory=list, description="known_hosts files read besides ~/.ssh/known_hosts and the "
+        "system's (/etc/ssh/ssh_known_hosts, or ssh_config's GlobalKnownHostsFile)")
+    connect_timeout: float = Field(10, gt=0, le=300)
+    command_timeout: float = Field(300, gt=0, le=DAY)
     parallel: int = Field(16, ge=1, description="at most this many nodes are worked on at once")
-
-
-# `docker run` options sparkbook sets on its containers (networking, devices, mounts, environment,
-# names, labels, entrypoint, lifetime): the parameters' docker_args may not set them again.
-MANAGED_DOCKER_FLAGS = frozenset({
-    "network", "net", "ipc", "gpus", "device", "volume", "mount", "env", "env-file", "name", "label",
-    "label-file", "entrypoint", "rm", "detach", "interactive", "tty", "shm-size", "privileged",
-    "ulimit", "cap-add", "runtime", "pid", "uts", "userns", "volumes-from"})
+    forward_agent: bool = Field(False, description="forward this machine's SSH agent to the nodes "
+                                "(never by default, whatever ~/.ssh/config says)")
 
 
 class Runtime(Section):
-    kind: Literal["docker", "venv"] = "docker"
-    image: str | None = Field(None, min_length=1)
-    venv: str | None = Field(None, description="virtualenv holding vllm on every node (kind venv)")
-    container_name: str = Field("sparkbook-vllm", pattern=NAME_RE)
+    kind: Literal["docker", "venv"] = Field("docker", description="docker (venv is reserved: not "
+                                            "implemented yet)")
+    image: Image | None = None
+    venv: str | None = Field(None, description="reserved for runtime.kind venv (a virtualenv holding "
+                             "vllm on every node), which is not implemented yet")
+    container_name: str | None = Field(None, pattern=NAME_RE, description="vllm serve's container "
+                                       "(default sparkbook-<name>-vllm)")
     gpus: bool = Field(True, description="pass --gpus all to containers")
     shm_size: str = Field("16g", pattern=r"^[0-9]+[bkmgBKMG]?$")
     privileged: bool = False
     rdma: bool = Field(True, description="give containers the RDMA devices (/dev/infiniband, IPC_LOCK)")
-    docker_root: str | None = Field(None, description="Docker data root, for the disk check")
-    hf_cache: str | None = Field(None, description="Hugging Face cache on every node, mounted into "
-                                 "the serving container (absolute path)")
+    docker_root: AbsolutePath | None = Field(None, description="Docker data root, for the disk check")
+    hf_cache: MountPath | None = Field(None, description="Hugging Face cache on every node, mounted "
+                                       "into the serving container (absolute path)")
     nccl_ib_gid_index: int = Field(3, ge=0, description="RoCE v2 GID index for NCCL (3 on DGX OS)")
     entrypoint: str | None = Field(
         None, min_length=1,
         description="program every sparkbook container starts its command through (an image's "
         "entrypoint wrapper, e.g. /opt/nvidia/nvidia_entrypoint.sh); by default each command's own "
         "program is the entrypoint, whatever the image declares")
-    docker_args: list[str] = Field(
+    docker_args: DockerArgs = Field(
         default_factory=list, description="extra `docker run` options for every sparkbook "
         "container, each one item `--flag=value` (or `--flag`); not the ones sparkbook sets itself")
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, v: str) -> str:
+        if v == "venv":
+            raise ValueError("not implemented yet; use docker")
+        return v
+
+    @field_validator("venv")
+    @classmethod
+    def _venv(cls, v: str | None) -> str | None:
+        if v is not None:
+            raise ValueError("reserved for runtime.kind venv, which is not implemented yet: remove it")
+        return v
 
     @field_validator("entrypoint")
     @classmethod
@@ -120,46 +136,27 @@ class Runtime(Section):
             raise ValueError(f"must be one program (a path or a name), not {v!r}")
         return v
 
-    @field_validator("docker_args")
-    @classmethod
-    def _docker_args(cls, v: list[str]) -> list[str]:
-        bad = []
-        for item in v:
-            m = re.fullmatch(r"--([a-z][a-z0-9-]*)(=.*)?", item, re.S)
-            if not m:
-                bad.append(f"{item!r} (write each as one item --flag=value)")
-            elif m.group(1) in MANAGED_DOCKER_FLAGS:
-                bad.append(f"{item!r} (--{m.group(1)} is set by sparkbook)")
-        if bad:
-            raise ValueError("; ".join(bad))
-        return v
-
 
 class ModelSpec(Section):
-    name: str = Field(min_length=1, description="the model's repository on the Hugging Face hub "
-                      "(what model.source hf downloads)")
-    path: str = Field(min_length=1, description="directory of the model on every node")
+    name: Word = Field(min_length=1, description="the model's repository on the Hugging Face hub "
+                       "(what model.source hf downloads)")
+    path: MountPath = Field(min_length=1, description="directory of the model on every node")
     source: Literal["head", "hf"] = Field(
         "head", description="head: the head already holds the model at model.path; hf: 03 "
         "downloads model.name at model.revision from the hub onto the head first (resumable)")
-    revision: str | None = Field(None, description="the hub revision (a commit, branch or tag); "
-                                 "pin a commit for runs that can be compared")
+    revision: Word | None = Field(None, description="the hub revision (a commit, branch or tag) "
+                                  "03's hub download fetches (model.source hf); pin a commit for "
+                                  "runs that can be compared")
     hf_token_env: str = Field(
-        "HF_TOKEN", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        "HF_TOKEN", pattern=ENV_NAME,
         description="environment variable of the notebook machine holding the token",
     )
     needs_token: bool = False
-    size_gb: float | None = Field(None, ge=0)
+    size_gb: float | None = Field(None, ge=0, description="the model's size on disk, GB; kept for "
+                                  "preflight's memory check, which will read it (nothing does yet)")
     verify: Literal["configs", "all"] = Field(
         "configs", description="what the model manifest hashes besides names and sizes: the "
         "config, tokenizer and index files, or every file (slow for 100 GB)")
-
-    @field_validator("path")
-    @classmethod
-    def _absolute(cls, v: str) -> str:
-        if not v.startswith("/"):
-            raise ValueError("must be an absolute path on the nodes")
-        return v
 
 
 class Serving(Section):
@@ -171,27 +168,49 @@ class Serving(Section):
     executor: Literal["ray", "mp"] = "ray"
     max_model_len: int | None = Field(None, ge=16)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    served_model_name: str | None = None
-    reasoning_parser: str | None = None
-    tool_call_parser: str | None = None
-    extra_args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
-    startup_timeout: float = Field(1800, gt=0)
+    served_model_name: Word | None = None
+    reasoning_parser: Word | None = None
+    tool_call_parser: Word | None = None
+    extra_args: list[str] = Field(default_factory=list, description="more `vllm serve` options, "
+                                  "each item one argument")
+    env: dict[str, str] = Field(default_factory=dict, description="more environment of the serving "
+                                "containers; a value named like a secret (HF_TOKEN...) is masked")
+    startup_timeout: float = Field(1800, gt=0, le=DAY)
     stall_timeout: float = Field(
-        600, gt=0, description="seconds without progress on any node (no new log line, no CPU used "
-        "by vLLM) after which 05 calls the start-up stalled, naming the phase")
+        600, gt=0, le=DAY, description="seconds without progress on any node (no new log line, no "
+        "CPU used by vLLM) after which 05 calls the start-up stalled, naming the phase")
     ray_object_store_gb: float = Field(
         4, gt=0, description="Ray's object store cap per node: on GB10 it comes out of the unified "
         "memory the model needs")
     api_url: str | None = Field(None, description="where this machine reaches the API (default "
                                 "http://<head host>:<ports.api>)")
+    bind: Address | None = Field(None, description="the address vLLM's API listens on, on the head "
+                                 "(default: the head's management address, which this machine "
+                                 "reaches); 0.0.0.0 only when asked for")
+    api_key_env: str | None = Field(
+        None, pattern=ENV_NAME, description="environment variable of this machine "
+        "holding an API key: vLLM requires it (it reaches vLLM through its environment), 05/06/07 "
+        "send it, and it is masked everywhere")
 
     @field_validator("env")
     @classmethod
     def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
-        bad = [k for k in v if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
+        bad = [k for k in v if not re.fullmatch(ENV_NAME, k)]
         if bad:
             raise ValueError(f"not environment variable names: {', '.join(map(repr, bad))}")
+        lines = [k for k, value in v.items() if "\n" in value or "\0" in value]
+        if lines:
+            raise ValueError(f"values must be one line: {', '.join(lines)}")
+        return v
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_key_on_the_command_line(cls, v: list[str]) -> list[str]:
+        # as vLLM's argument parser reads them: --api_key too, and any unambiguous abbreviation
+        flags = [a.split("=", 1)[0].replace("_", "-") for a in v if a.startswith("--")]
+        if any(len(f) > len("--api") and "--api-key".startswith(f) for f in flags):
+            raise ValueError("--api-key would put the key on a command line (ps, the commands "
+                             "table, the logs): set serving.api_key_env instead")
         return v
 
 
@@ -274,36 +293,6 @@ class ParamsError(SparkbookError):
         super().__init__("\n".join(lines))
 
 
-def _path(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-    return out or "(top level)"
-
-
-def _message(err: Mapping[str, Any]) -> str:
-    kind, msg, loc = err["type"], err["msg"], err["loc"]
-    msg = msg.removeprefix("Value error, ")
-    if kind == "ip_v4_address":
-        msg = "not an IPv4 address"
-    elif kind == "missing":
-        return "required field is missing"
-    elif kind == "extra_forbidden":
-        return "unknown field (allowed here: see the schema in sparkbook/params.py)"
-    elif kind == "string_pattern_mismatch" and loc and loc[-1] == "name":
-        msg = "must be letters, digits, '.', '_' or '-', starting with a letter or digit"
-    if any(isinstance(p, str) and any(h in p.lower() for h in _SECRET_HINTS) for p in loc):
-        return msg
-    value = err.get("input")
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        shown = repr(value)
-        return f"{msg} (got {shown[:60] + '...' if len(shown) > 60 else shown})"
-    return msg
-
-
 def _semantic_problems(p: Params) -> list[tuple[str, str]]:
     """Checks that span several fields: run only once every field is valid on its own."""
     problems: list[tuple[str, str]] = []
@@ -346,9 +335,51 @@ def _semantic_problems(p: Params) -> list[tuple[str, str]]:
         problems += _serving_problems(p)
     if p.runtime.kind == "docker" and not p.runtime.image:
         problems.append(("runtime.image", "required when runtime.kind is 'docker'"))
-    if p.runtime.kind == "venv" and not p.runtime.venv:
-        problems.append(("runtime.venv", "required when runtime.kind is 'venv'"))
+    if p.serving.stall_timeout > p.serving.startup_timeout:
+        problems.append(("serving.stall_timeout", f"{p.serving.stall_timeout:g} s is longer than "
+                         f"serving.startup_timeout ({p.serving.startup_timeout:g} s): it could never fire"))
+    return problems + _same_host_problems(p) + _secret_problems(p)
+
+
+def _same_host_problems(p: Params) -> list[tuple[str, str]]:
+    """One machine under two names (two nodes reached by SSH at the same host and port): each would
+    be worked on twice, at once. Local nodes are not reached by SSH (tests run several)."""
+    problems, seen = [], {}
+    for i, n in enumerate(p.nodes):
+        if n.local:
+            continue
+        where = (n.host.lower().rstrip("."), n.port or 22)
+        if where in seen:
+            j = seen[where]
+            problems.append((f"nodes[{i}].host", f"node {n.name!r} is the same host as node "
+                             f"{p.nodes[j].name!r} (nodes[{j}]): {n.host} port {where[1]}"))
+        else:
+            seen[where] = i
     return problems
+
+
+def _secret_problems(p: Params) -> list[tuple[str, str]]:
+    """Secrets too short to be masked: in this machine's environment (the variables the parameters
+    name) or written in the parameters file (``serving.env``). Their values are never shown."""
+    problems = []
+    for field, name in (("model.hf_token_env", p.model.hf_token_env),
+                        ("serving.api_key_env", p.serving.api_key_env)):
+        value = os.environ.get(name) if name else None
+        if value and len(value) < redact.MIN_LEN:
+            problems.append((field, f"${name} on this machine holds a secret shorter than "
+                             f"{redact.MIN_LEN} characters: {SHORT_SECRET}"))
+    for name in secrets_written(p):
+        if len(p.serving.env[name]) < redact.MIN_LEN:
+            problems.append((f"serving.env.{name}", f"{name} is written in the parameters and "
+                             f"shorter than {redact.MIN_LEN} characters: {SHORT_SECRET}"))
+    return problems
+
+
+def secrets_written(p: Params) -> list[str]:
+    """The names of ``serving.env`` entries that hold secrets (named like one, or like the
+    variables the parameters name for the token and the API key)."""
+    named = {p.model.hf_token_env, p.serving.api_key_env}
+    return [k for k, v in p.serving.env.items() if v and (redact.NAMES.search(k.upper()) or k in named)]
 
 
 def _serving_problems(p: Params) -> list[tuple[str, str]]:
@@ -398,11 +429,19 @@ def validate(data: Any, source: str = "parameters") -> Params:
     try:
         params = Params.model_validate(dict(data))
     except ValidationError as e:
-        raise ParamsError(source, [(_path(err["loc"]), _message(err)) for err in e.errors()]) from None
+        problems = [(field_path(err["loc"]), field_message(err)) for err in e.errors()]
+        raise ParamsError(source, problems) from None
+    # secret values are masked wherever sparkbook writes text: those of the environment variables
+    # the parameters name, and those written in the parameters
+    redact.protect(params.model.hf_token_env)
+    if params.serving.api_key_env:
+        redact.protect(params.serving.api_key_env)
+    for name in secrets_written(params):
+        if len(params.serving.env[name]) >= redact.MIN_LEN:
+            redact.protect_value(params.serving.env[name])
     problems = _semantic_problems(params)
     if problems:
         raise ParamsError(source, problems)
-    protect(params.model.hf_token_env)  # its value is masked wherever sparkbook writes text
     return params
 
 
@@ -414,7 +453,7 @@ def load(path: str | os.PathLike[str]) -> Params:
     except OSError as e:
         raise ParamsError(str(path), [("(file)", f"cannot read: {e.strerror or e}")]) from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=UniqueKeyLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(file)"

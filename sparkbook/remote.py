@@ -1,18 +1,22 @@
 """Run commands on the nodes: in parallel, over one reused SSH connection per node, quoted.
 
-A command is a sequence of arguments (quoted with :func:`shlex.join`), a :class:`Script` (a shell
-program of ``sparkbook/scripts/``, its values passed as arguments), or a one-line shell command
-written by sparkbook, in which every value is inserted with :func:`sh` (quoted). Nothing from a
-parameters file reaches a shell unquoted.
+The commands (:mod:`sparkbook.shell`) are a sequence of arguments, a node script with its values as arguments, or a one-line shell
+command whose every value is quoted. Nothing from a parameters file reaches a shell unquoted.
 
 SSH goes through Fabric (Paramiko): ``~/.ssh/config`` is honoured (HostName, User, Port,
-IdentityFile, ProxyJump, ProxyCommand, UserKnownHostsFile), and host keys are checked against
-``~/.ssh/known_hosts`` plus the files the parameters name; an unknown or changed host key is an
-immediate error naming the node and the remedy, never a prompt and never silently accepted.
+IdentityFile, ProxyJump, ProxyCommand, UserKnownHostsFile, GlobalKnownHostsFile), except ForwardAgent:
+the agent is forwarded only when the parameters ask (``ssh.forward_agent``). Host keys are checked
+against the user's and the system's known_hosts files plus those the parameters name, host
+certificates included (:mod:`sparkbook.hostkeys`); an unknown or changed host key is an immediate
+error naming the node and the remedy, never a prompt and never silently accepted.
+
+Between nodes (:func:`peer_ssh`) the nodes use their own SSH setup: the operator's private key never
+leaves this machine.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import os
@@ -25,117 +29,21 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence, TextIO, Union
+from typing import Callable, Iterable, Mapping, Sequence, TextIO
 
 import invoke
 import paramiko
 from fabric import Config, Connection
 
 from .errors import CheckFailed
+from .hostkeys import HostKeyRefused, guard
 from .params import SSH, Node, Params, project_root
+from .shell import KILL_GRACE_S, TIMEOUT_STATUS, Command, PerNode, command_line, wrap
 
 # Paramiko logs every failed handshake with a traceback on stderr; sparkbook reports SSH failures
 # itself, per node, with the remedy.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 logging.getLogger("paramiko").propagate = False
-
-SCRIPTS = Path(__file__).parent / "scripts"
-
-
-@dataclass(frozen=True)
-class Script:
-    """A node-side shell program, ``sparkbook/scripts/NAME``, with its arguments. It runs as
-    ``bash -c TEXT NAME ARGS...`` (nothing is copied to the node; the values are ``$1``, ``$2``...,
-    never part of the program) and is shown as the command a person runs by hand on a node."""
-
-    name: str
-    args: tuple[str, ...] = ()
-
-    @property
-    def text(self) -> str:
-        return (SCRIPTS / self.name).read_text()
-
-    def __str__(self) -> str:
-        return shlex.join(["bash", f"sparkbook/scripts/{self.name}", *self.args])
-
-    def program(self) -> str:
-        """The one-line shell form that runs it without the file."""
-        return shlex.join(["bash", "-c", self.text, self.name, *self.args])
-
-
-@dataclass(frozen=True)
-class Bundle:
-    """Several scripts in one SSH round trip, one after another, each one's output introduced by
-    a line ``@@ SECTION`` (read back with :func:`sparkbook.parsers.parse_sections`)."""
-
-    parts: tuple[tuple[str, Script], ...]
-
-    def __str__(self) -> str:
-        return "; ".join(f"echo {shlex.quote('@@ ' + sec)}; {s}" for sec, s in self.parts)
-
-    def program(self) -> str:
-        return "\n".join(f"echo {shlex.quote('@@ ' + sec)}\n{s.program()}" for sec, s in self.parts)
-
-
-def bundle(*parts: tuple[str, Script]) -> Bundle:
-    return Bundle(tuple(parts))
-
-
-def script(name: str, *args: object) -> Script:
-    """``sparkbook/scripts/NAME`` with ``args`` (each turned into a string)."""
-    if not (SCRIPTS / name).is_file():
-        raise FileNotFoundError(f"no node script {SCRIPTS / name}")
-    return Script(name, tuple(str(a) for a in args))
-
-
-Command = Union[str, Sequence[str], Script, Bundle]
-PerNode = Union[Command, Callable[[Node], Command]]
-
-# Where sparkbook puts the scripts it runs on the nodes.
-REMOTE_DIR = "/tmp/sparkbook"
-# Exit status of coreutils `timeout` when the limit was reached.
-TIMEOUT_STATUS = 124
-KILL_GRACE_S = 5
-
-
-def sh(template: str, **values: object) -> str:
-    """Fill a shell template with quoted values: ``sh("ls {d}", d=path)``."""
-    return template.format(**{k: shlex.quote(str(v)) for k, v in values.items()})
-
-
-def command_line(cmd: Command) -> str:
-    """The shell form of a command: sequences are quoted, strings are taken as written, a
-    :class:`Script` is shown as run by hand."""
-    if isinstance(cmd, (str, Script, Bundle)):
-        return str(cmd)
-    return shlex.join(str(a) for a in cmd)
-
-
-def peer_ssh(peer: Node) -> list[str]:
-    """SSH from one node to another over the fabric, as a command run on a node: no prompt, host
-    key checked. The classic curve25519 key exchange (every OpenSSH has it) costs a tenth of the
-    CPU of the post-quantum default, which adds up when many nodes connect at once; AES-GCM first
-    (hardware-accelerated on x86 and on the Grace CPU's Arm cores) for the bulk copies."""
-    return ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-o", "StrictHostKeyChecking=yes",
-            "-o", "KexAlgorithms=curve25519-sha256",
-            "-o", "Ciphers=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com",
-            peer.peer_target]
-
-
-def wrap(cmd: Command, timeout: float, env: Mapping[str, str] | None = None) -> str:
-    """The line actually sent: the script run by bash under coreutils ``timeout`` (which kills the
-    whole process group at the limit, so nothing stays behind on the node), with ``env``."""
-    parts = ["timeout", "-k", str(KILL_GRACE_S), f"{max(timeout, 1):.0f}"]
-    if env:
-        parts += ["env", *[f"{k}={v}" for k, v in env.items()]]
-    if isinstance(cmd, Script):
-        parts += ["bash", "-c", cmd.text, cmd.name, *cmd.args]
-    elif isinstance(cmd, Bundle):
-        parts += ["bash", "-c", cmd.program()]
-    else:
-        parts += ["bash", "-c", command_line(cmd)]
-    return shlex.join(parts)
-
 
 @dataclass
 class Result:
@@ -219,22 +127,9 @@ _connections: dict[tuple, Connection] = {}
 _connections_lock = threading.Lock()
 
 
-def _guard_host_keys(conn: Connection, known_hosts: Iterable[str]) -> None:
-    """Check host keys strictly on the connection and on every ProxyJump hop."""
-    files = [str(Path("~/.ssh/known_hosts").expanduser()), *known_hosts]
-    extra = conn.ssh_config.get("userknownhostsfile")
-    if extra:
-        files += [str(Path(f).expanduser()) for f in extra.split()]
-    while isinstance(conn, Connection):
-        conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
-        for f in dict.fromkeys(files):
-            if Path(f).is_file():
-                conn.client.load_system_host_keys(f)
-        conn = conn.gateway
-
-
 def _key(node: Node, ssh: SSH) -> tuple:
-    return (node.host, node.user, node.port, node.key, tuple(ssh.known_hosts), ssh.connect_timeout)
+    return (node.host, node.user, node.port, node.key, tuple(ssh.known_hosts), ssh.connect_timeout,
+            ssh.forward_agent)
 
 
 def drop(node: Node, ssh: SSH) -> None:
@@ -262,8 +157,9 @@ def connection(node: Node, ssh: SSH) -> Connection:
     conn = Connection(
         node.host, user=node.user, port=node.port, connect_timeout=ssh.connect_timeout,
         connect_kwargs=kwargs, config=Config(overrides={"run": {"in_stream": False}}),
+        forward_agent=ssh.forward_agent,  # given, so that ~/.ssh/config's ForwardAgent is not used
     )
-    _guard_host_keys(conn, [_expand(k) for k in ssh.known_hosts])
+    guard(conn, [_expand(k) for k in ssh.known_hosts], ssh.connect_timeout)
     conn.open()
     sock = conn.transport.sock
     if hasattr(socket, "TCP_USER_TIMEOUT") and isinstance(sock, socket.socket):
@@ -271,6 +167,14 @@ def connection(node: Node, ssh: SSH) -> Connection:
     with _connections_lock:
         _connections[key] = conn
     return conn
+
+
+@functools.lru_cache(maxsize=None)
+def ssh_target(host: str, user: str | None, port: int | None) -> tuple[str, str, int]:
+    """(HostName, User, Port) as ssh resolves them (the parameters, then ~/.ssh/config), without
+    connecting."""
+    c = Connection(host, user=user, port=port)
+    return c.host, c.user, c.port
 
 
 def close_all() -> None:
@@ -291,6 +195,8 @@ def ssh_error(exc: BaseException, node: Node, conn: Connection | None) -> str:
     where = _target(node, conn)
     host = conn.host if conn else node.host
     port = conn.port if conn else (node.port or 22)
+    if isinstance(exc, HostKeyRefused):
+        return f"ssh {where}: {exc}"
     if isinstance(exc, paramiko.BadHostKeyException):
         hk = host if port == 22 else f"[{host}]:{port}"
         return (f"ssh {where}: HOST KEY CHANGED (the server offers a {exc.key.get_name()} key that "
@@ -405,10 +311,18 @@ class Cluster:
 
     def _fan_out(self, targets: list[Node], fn: Callable[[Node], Result]) -> Results:
         results = Results()
-        if targets:
-            with ThreadPoolExecutor(max_workers=min(self.ssh.parallel, len(targets))) as pool:
-                for node, res in zip(targets, pool.map(fn, targets)):
-                    results[node.name] = res
+        if not targets:
+            return results
+        pool = ThreadPoolExecutor(max_workers=min(self.ssh.parallel, len(targets)))
+        try:
+            for node, res in zip(targets, pool.map(fn, targets)):
+                results[node.name] = res
+        except BaseException:  # Ctrl-C (a KeyboardInterrupt in the kernel): no waiting for the nodes
+            pool.shutdown(wait=False, cancel_futures=True)
+            for node in targets:
+                drop(node, self.ssh)  # their commands end with their channels (GUARD)
+            raise
+        pool.shutdown()
         return results
 
     def run_on(self, node: Node | str, cmd: Command, **kw) -> Result:
@@ -416,43 +330,56 @@ class Cluster:
         target = self._select([node])[0]
         return self.run(cmd, [target], **kw)[target.name]
 
-    def put(self, local: str | Path, remote: str, nodes: Iterable[Node | str] | None = None,
-            mode: int = 0o644) -> Results:
-        """Copy a file to the same path on the nodes (SFTP), in parallel."""
-        return self.put_bytes(Path(local).read_bytes(), remote, nodes, mode, f"put {local} -> {remote}")
+    def put(self, local: str | Path, remote: str | Callable[[Node], str],
+            nodes: Iterable[Node | str] | None = None, mode: int = 0o644) -> Results:
+        """Copy a file to the nodes (SFTP), in parallel; ``remote`` may differ per node."""
+        shown = None if callable(remote) else f"put {local} -> {remote}"
+        return self.put_bytes(Path(local).read_bytes(), remote, nodes, mode, shown)
 
-    def put_bytes(self, data: bytes, remote: str, nodes: Iterable[Node | str] | None = None,
-                  mode: int = 0o644, shown: str | None = None) -> Results:
-        """Write ``data`` to the same path on the nodes, in parallel; the file has ``mode`` before
-        any byte is written (so a secret is never readable by others, even for a moment)."""
-        shown = shown or f"write {remote}"
+    def put_bytes(self, data: bytes, remote: str | Callable[[Node], str],
+                  nodes: Iterable[Node | str] | None = None, mode: int = 0o644,
+                  shown: str | None = None) -> Results:
+        """Write ``data`` to a path on the nodes (``remote``, or ``remote(node)`` where it differs per
+        node), in parallel. The file is made anew, exclusively: whatever held the name before (a
+        file, a symbolic link planted there) is removed, never followed nor written through, and the
+        file has ``mode`` before any byte is written (so a secret is never readable by others, even
+        for a moment)."""
+        path_of = remote if callable(remote) else (lambda node: remote)
 
         def one(node: Node) -> Result:
             start = time.monotonic()
+            remote = path_of(node)
+            shown_here = shown or f"write {remote}"
             if node.local:
                 try:
                     Path(remote).parent.mkdir(parents=True, exist_ok=True)
-                    fd = os.open(remote, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+                    Path(remote).unlink(missing_ok=True)  # a link goes, not what it points to
+                    fd = os.open(remote, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
                     os.fchmod(fd, mode)
                     with os.fdopen(fd, "wb") as f:
                         f.write(data)
                 except OSError as e:
-                    return Result(node.name, shown, None, error=f"{remote}: {e.strerror}")
-                return Result(node.name, shown, 0, duration=time.monotonic() - start)
+                    return Result(node.name, shown_here, None, error=f"{remote}: {e.strerror}")
+                return Result(node.name, shown_here, 0, duration=time.monotonic() - start)
             conn = None
             try:
                 conn = connection(node, self.ssh)
                 mk = conn.run(shlex.join(["mkdir", "-p", str(Path(remote).parent)]), hide=True,
                               warn=True, in_stream=False)
                 if not mk.ok:
-                    return Result(node.name, shown, mk.exited, mk.stdout, mk.stderr)
-                with conn.sftp().open(remote, "wb") as f:
+                    return Result(node.name, shown_here, mk.exited, mk.stdout, mk.stderr)
+                sftp = conn.sftp()
+                try:
+                    sftp.remove(remote)  # SFTP's remove is unlink(2): a link goes, not its target
+                except FileNotFoundError:
+                    pass
+                with sftp.open(remote, "wxb") as f:  # O_CREAT|O_EXCL: fails on anything there
                     f.chmod(mode)
                     f.write(data)
             except OSError as e:
-                return Result(node.name, shown, None, error=f"{remote}: {e.strerror or e}")
+                return Result(node.name, shown_here, None, error=f"{remote}: {e.strerror or e}")
             except Exception as e:
-                return Result(node.name, shown, None, error=ssh_error(e, node, conn))
-            return Result(node.name, shown, 0, duration=time.monotonic() - start)
+                return Result(node.name, shown_here, None, error=ssh_error(e, node, conn))
+            return Result(node.name, shown_here, 0, duration=time.monotonic() - start)
 
         return self._fan_out(self._select(nodes), one)

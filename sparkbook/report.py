@@ -1,4 +1,5 @@
-"""report.html: the executed notebooks of a run folder as one page, with an index at the top."""
+"""report.html: the executed notebooks of a run folder as one page, with an index at the top; every
+secret masked (see :mod:`sparkbook.redact`)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ def _md(text: str) -> nbformat.NotebookNode:
 def _index(summary: dict) -> str:
     rows = []
     for s in summary["steps"]:
-        err = html.escape((s.get("error") or "").splitlines()[0][:160]) if s.get("error") else ""
+        # masked before the cut: a secret cut short is no longer whole, nor followed by an ellipsis
+        err = html.escape(mask(s["error"]).splitlines()[0][:160]) if s.get("error") else ""
         rows.append(f"<tr><td><a href='#step-{s['step']}'>{html.escape(s['name'])}</a></td>"
                     f"<td class='sparkbook-status-{s['status']}'><b>{s['status']}</b></td>"
                     f"<td>{s['duration_s']:.1f} s</td><td>{err}</td></tr>")
@@ -136,6 +138,8 @@ def build(run_dir: str | Path) -> Path:
     exporter.register_preprocessor(TagRemovePreprocessor(
         remove_input_tags={HIDE_INPUT}, remove_cell_tags={"parameters", "injected-parameters"},
         enabled=True), True)
+    # masked before rendering too: markdown or ANSI colours could split a secret's text in the page
+    merged = nbformat.reads(mask(nbformat.writes(merged)), as_version=4)
     body, _ = exporter.from_notebook_node(
         merged, resources={"metadata": {"name": f"sparkbook: {summary.get('deployment', 'run')}"}})
     out = run_dir / "report.html"

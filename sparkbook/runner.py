@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import os
 import re
 import shutil
 import sys
@@ -15,8 +17,11 @@ from typing import Sequence
 
 import papermill
 
+from . import lock, redact
 from .errors import SparkbookError
-from .params import load, project_root
+from .interrupt import Interrupts
+from .notebook import open_cluster
+from .params import Params, load, project_root
 from .redact import mask
 
 STEP_RE = re.compile(r"^(\d\d)_[A-Za-z0-9_]+\.ipynb$")
@@ -30,7 +35,7 @@ class Step:
     step: str
     name: str
     notebook: str
-    status: str = "skipped"  # passed, failed or skipped
+    status: str = "skipped"  # passed, failed, interrupted or skipped
     duration_s: float = 0.0
     error: str | None = None
 
@@ -58,9 +63,32 @@ def select(notebooks: Sequence[Path], steps: str | None) -> list[Path]:
     return [nb for nb in notebooks if nb in chosen]
 
 
-def default_run_dir(params_name: str, root: Path | None = None) -> Path:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    return (root or project_root()) / "outputs" / f"{stamp}-{params_name}"
+def make_run_dir(params_name: str, out: str | Path | None = None, root: Path | None = None) -> Path:
+    """Make the run folder, readable by its owner alone (0700): ``out``, or
+    ``outputs/<UTC time>-<name>``, with ``-2``, ``-3``... when a run that started in the same
+    second has the name already (each run gets its own folder). An ``out`` that exists already is
+    not sparkbook's to change: used as it is, with a warning when others may read it."""
+    if out:
+        run_dir = Path(out).expanduser().resolve()
+        if run_dir.is_dir():
+            if run_dir.stat().st_mode & 0o077:
+                print(f"sparkbook: warning: others may read the run folder {run_dir} (and the "
+                      f"report): `chmod 700 {run_dir}` if that is not meant", file=sys.stderr)
+            return run_dir
+        run_dir.mkdir(parents=True)
+    else:
+        base = (root or project_root()) / "outputs"
+        base.mkdir(parents=True, exist_ok=True)
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        for n in itertools.count(1):
+            run_dir = base / (f"{stamp}-{params_name}" + (f"-{n}" if n > 1 else ""))
+            try:
+                run_dir.mkdir(mode=0o700)
+                break
+            except FileExistsError:
+                continue
+    run_dir.chmod(0o700)  # made here: private whatever the umask
+    return run_dir
 
 
 def _error_text(exc: BaseException) -> str:
@@ -92,54 +120,113 @@ def run(params_file: str | Path, steps: str | None = None, out: str | Path | Non
         kernel_name: str | None = None, report: bool = True, keep_on_failure: bool = False) -> dict:
     """Run the selected notebooks into a run folder; after the first failure the remaining steps
     are skipped, except a selected teardown step, which still runs (unless ``keep_on_failure``:
-    leave the deployment up to look at it). Returns the summary (also written to
-    ``summary.json``); its ``status`` is ``passed`` only when every step passed."""
+    leave the deployment up to look at it). SIGINT and SIGTERM stop the running step and end the
+    run the same way (see :mod:`sparkbook.interrupt`). When a selected step changes the nodes, the
+    run holds the deployment's lock on the head throughout (:mod:`sparkbook.lock`). Returns the
+    summary (also written to ``summary.json``); its ``status`` is ``passed`` only when every step
+    passed, ``interrupted`` after a signal (its ``signal`` names it)."""
     params_path = Path(params_file).expanduser().resolve()
     params = load(params_path)  # nothing runs before the parameters validate
     nb_dir = Path(notebooks_dir).resolve() if notebooks_dir else project_root() / "notebooks"
     chosen = select(discover(nb_dir), steps)
     if not chosen:
         raise SparkbookError(f"no numbered notebooks (NN_name.ipynb) in {nb_dir}")
-    run_dir = Path(out).expanduser().resolve() if out else default_run_dir(params.name)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(params_path, run_dir / "parameters.yaml")
+    fresh = not (out and Path(out).expanduser().exists())
+    run_dir = make_run_dir(params.name, out)
     _logging()
+    with Interrupts() as stop:
+        try:
+            held = _lock(params, run_dir, chosen)
+        except BaseException:
+            if fresh:  # the folder this run made, still empty: no trace of a run that did not start
+                run_dir.rmdir()
+            raise
+        try:
+            shutil.copyfile(params_path, run_dir / "parameters.yaml")
+            summary = _steps(params, params_path, nb_dir, chosen, run_dir, stop, cell_timeout,
+                             kernel_name, keep_on_failure)
+        finally:
+            if held is not None:
+                os.environ.pop(lock.ENV, None)
+                held.release()
+    if report:
+        from .report import build
+        build(run_dir)
+    redact.mask_tree(run_dir)
+    return summary
 
+
+def _lock(params: Params, run_dir: Path, chosen: list[Path]) -> lock.Lock | None:
+    """The deployment's lock, when a chosen step changes the nodes; its kernels inherit it."""
+    if not any(lock.changes_state(nb.stem) for nb in chosen):
+        return None
+    held = lock.acquire(params, open_cluster(params), str(run_dir))
+    os.environ[lock.ENV] = held.token
+    held.keep_fresh()
+    return held
+
+
+def _steps(params: Params, params_path: Path, nb_dir: Path, chosen: list[Path], run_dir: Path,
+           stop: Interrupts, cell_timeout: float, kernel_name: str | None,
+           keep_on_failure: bool) -> dict:
     records = [Step(nb.stem[:2], nb.stem, nb.name) for nb in chosen]
     summary = {"status": "running", "params": str(params_path), "deployment": params.name,
                "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                "run_dir": str(run_dir), "steps": [asdict(r) for r in records]}
     failed = False
     for nb, rec in zip(chosen, records):
-        if failed and (keep_on_failure or rec.name[3:] not in CLEANUP_STEPS):
+        cleanup = rec.name[3:] in CLEANUP_STEPS
+        ending = failed or bool(stop.signum)
+        if stop.skip_teardown or (ending and (keep_on_failure or not cleanup)):
             continue
-        print(f"== step {rec.name}: running" + (" (after the failure: cleaning up)" if failed else ""), file=sys.stderr, flush=True)
-        t0 = time.monotonic()
+        after = f" (after the {'interrupt' if stop.signum else 'failure'}: cleaning up)" if ending else ""
+        print(f"== step {rec.name}: running{after}", file=sys.stderr, flush=True)
+        t0, signals = time.monotonic(), stop.count
+        stop.begin(rec.name, protected=cleanup)
         try:
             papermill.execute_notebook(
                 str(nb), str(run_dir / nb.name),
                 parameters={"params_file": str(params_path), "run_dir": str(run_dir)},
                 cwd=str(nb_dir), log_output=True, progress_bar=False, kernel_name=kernel_name,
-                execution_timeout=cell_timeout, report_mode=False)
+                execution_timeout=cell_timeout, report_mode=False, **stop.papermill_kwargs())
             rec.status = "passed"
         except Exception as e:  # the notebook failed: papermill already saved what it ran
             rec.status, rec.error = "failed", mask(_error_text(e))
-        failed = failed or rec.status == "failed"
-        executed = run_dir / nb.name
-        if executed.exists():  # a secret a cell printed by mistake stops here too
-            executed.write_text(mask(executed.read_text()))
+        finally:
+            stop.end()
+        if rec.status == "failed" and stop.count > signals and (not cleanup or stop.skip_teardown):
+            rec.status, rec.error = "interrupted", f"stopped by {stop.name}"
+        failed = failed or rec.status != "passed"
+        redact.mask_tree(run_dir)  # a secret a cell printed by mistake stops here too
         rec.duration_s = round(time.monotonic() - t0, 2)
         print(f"== step {rec.name}: {rec.status} in {rec.duration_s:.1f} s"
               + (f"\n{rec.error}" if rec.error else ""), file=sys.stderr, flush=True)
         summary["steps"] = [asdict(r) for r in records]
         _write(run_dir, summary)
-    summary["status"] = "failed" if failed else "passed"
+    if stop.signum:
+        summary["signal"] = stop.name
+        _left_running(params, params_path, records)
+    summary["status"] = "interrupted" if stop.signum else "failed" if failed else "passed"
     summary["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     _write(run_dir, summary)
-    if report:
-        from .report import build
-        build(run_dir)
     return summary
+
+
+# what the steps that change the nodes leave running until the teardown removes it
+LEAVES = {"collectives": "collectives", "ray_cluster": "Ray", "serve": "vLLM"}
+
+
+def _left_running(params: Params, params_path: Path, records: list[Step]) -> None:
+    """After an interrupt without a teardown: say which containers this run may have left."""
+    if any(r.name[3:] in CLEANUP_STEPS and r.status == "passed" for r in records):
+        return
+    kinds = [LEAVES[r.name[3:]] for r in records if r.name[3:] in LEAVES and r.status != "skipped"]
+    if not kinds:
+        return
+    nodes = ", ".join(n.name for n in params.nodes)
+    print(f"sparkbook: no teardown ran to its end: the {' and '.join(kinds)} containers of deployment "
+          f"{params.name!r} (label sparkbook={params.name}) may still run on {nodes}; remove them "
+          f"with `sparkbook run -p {params_path} --steps teardown`", file=sys.stderr, flush=True)
 
 
 def _write(run_dir: Path, summary: dict) -> None:

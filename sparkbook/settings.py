@@ -8,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .fields import DAY
+
 
 class Section(BaseModel):
     """A section of a parameters file: unknown fields are errors, values never change."""
@@ -30,7 +32,7 @@ class Collectives(Section):
     max_size_mb: float = Field(1024, gt=0)
     iters: int = Field(20, ge=1)
     warmup: int = Field(5, ge=0)
-    timeout_s: float = Field(600, gt=0, description="hard limit for the whole sweep")
+    timeout_s: float = Field(600, gt=0, le=DAY, description="hard limit for the whole sweep")
     backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="auto: nccl with GPUs, else gloo")
     master_port: int | None = Field(None, ge=1, le=65535, description="default: ports.master + 1")
 
@@ -58,9 +60,12 @@ class Distribution(Section):
     parallel: int = Field(4, ge=1, description="workers the head streams the image to itself; beyond "
                           "that, each of those passes the stream on to at most this many more (a "
                           "tree), so one read on the head feeds every worker")
-    timeout_s: float = Field(3600, gt=0, description="limit for one image or model copy")
+    timeout_s: float = Field(3600, gt=0, le=DAY, description="limit for one image or model copy")
     model_sync: bool = Field(True, description="copy the model from the head where a worker's "
                              "differs; off where the model lives on shared storage (NFS)")
+    delete_extras: bool = Field(False, description="delete files a worker holds under model.path "
+                                "that the head lacks (named in 03's verdict); by default they are "
+                                "kept and reported as a WARN")
 
 
 class Reference(Section):

@@ -298,6 +298,15 @@ def run(base_url: str, model: str, *, reasoning_parser: str | None = None,
         return FAIL, "answered as if the model existed", \
             "something in front of vLLM ignores the model name: clients cannot tell models apart"
 
+    def key_required():
+        # the key must have reached vLLM: without it, the same request is refused
+        try:
+            s.client.with_options(api_key="EMPTY").models.list()
+        except openai.AuthenticationError as e:
+            return PASS, f"HTTP {e.status_code} without the key; the checks above passed with it", ""
+        return FAIL, "GET /v1/models answered without the key", \
+            "vLLM requires no key: did VLLM_API_KEY reach the serving container (05's secrets file)?"
+
     def tools(choice: str) -> str:
         return f"{post}: tools [{TOOL_NAME}], tool_choice {choice}, {budget}" + (
             ", thinking off" if no_thinking else "")
@@ -329,4 +338,6 @@ def run(base_url: str, model: str, *, reasoning_parser: str | None = None,
         s.check("stop", f"{post}: stop [{STOP!r}], max_tokens 64", f"no {STOP!r} in the output", stop),
         s.check("unknown model", f"{post}: model {UNKNOWN_MODEL!r}", "HTTP 404 or 400 within 10 s", unknown),
     ]
+    if api_key != "EMPTY":
+        checks.append(s.check("API key required", "GET /v1/models without the key", "HTTP 401", key_required))
     return SmokeTest(s.api, model, checks)

@@ -19,6 +19,14 @@ from typing import Sequence
 SSHD = "/usr/sbin/sshd"
 
 
+def certify_host(ca: Path, key: Path, names: Sequence[str], validity: str = "-5m:+1h") -> Path:
+    """A host certificate for ``key`` (its ``.pub``), signed by the CA key ``ca``, valid for
+    ``names``; returns the certificate's path (``KEY-cert.pub``)."""
+    subprocess.run(["ssh-keygen", "-q", "-s", str(ca), "-I", f"sparkbook-{key.name}", "-h",
+                    "-n", ",".join(names), "-V", validity, str(key) + ".pub"], check=True)
+    return Path(str(key) + "-cert.pub")
+
+
 def keygen(path: Path, comment: str = "sparkbook") -> Path:
     """An ed25519 key pair at ``path`` (kept when it exists); returns the private key's path."""
     if not path.exists():
@@ -40,6 +48,7 @@ class SshServer:
     prefix: Sequence[str] = ()
     set_env: dict[str, str] | None = None
     listen: str | None = None
+    host_certificate: Path | None = None  # the host key's certificate (`ssh-keygen -s CA -h`)
 
     @property
     def host_key(self) -> Path:
@@ -66,6 +75,8 @@ class SshServer:
             "StrictModes no", "PrintMotd no", "AcceptEnv LANG LC_*", "Subsystem sftp internal-sftp",
             "MaxSessions 64", "MaxStartups 64:30:128", "LogLevel VERBOSE",
         ]
+        if self.host_certificate:
+            lines.append(f"HostCertificate {self.host_certificate}")
         if self.set_env:
             lines.append("SetEnv " + " ".join(f"{k}={shlex.quote(v)}" for k, v in self.set_env.items()))
         return "\n".join(lines) + "\n"

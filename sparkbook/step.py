@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from .params import Params
+from .redact import mask
 from .tables import Table
 from .verdict import Check
 
@@ -51,7 +52,7 @@ class Outcome:
             return None
         path = run_dir / self.FILE
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_json(), indent=2, default=str) + "\n")
+        path.write_text(mask(json.dumps(self.to_json(), indent=2, default=str)) + "\n")
         return path
 
 

@@ -1,4 +1,5 @@
-"""Plain tables for notebooks (HTML), terminals (text) and the run folder (CSV)."""
+"""Plain tables for notebooks (HTML), terminals (text) and the run folder (CSV); secrets masked in
+every cell before a column cuts it short."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import html
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
+
+from .redact import mask
 
 
 def short_id(image_id: str | None) -> str:
@@ -21,6 +24,10 @@ def human_bytes(n: float) -> str:
             return f"{n:.3g} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
     raise AssertionError
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else mask(str(value))
 
 
 @dataclass
@@ -40,7 +47,7 @@ class Table:
 
     def _repr_html_(self) -> str:
         def cell(col: str, value: Any) -> str:
-            text = html.escape("" if value is None else str(value))
+            text = html.escape(_text(value))
             colour = self.colour(col, value) if self.colour else None
             if colour:
                 text = f"<b style='color:{colour}'>{text}</b>"
@@ -57,8 +64,7 @@ class Table:
                f"<tbody>{body}</tbody></table></div>"
 
     def to_text(self) -> str:
-        rows = [list(map(str, self.columns))] + [["" if v is None else str(v) for v in r]
-                                                 for r in self.rows]
+        rows = [list(map(_text, self.columns))] + [[_text(v) for v in r] for r in self.rows]
         widths = [min(max(len(r[i]) for r in rows), self.max_width) for i in range(len(self.columns))]
         cut = lambda s, w: s if len(s) <= w else s[: w - 1] + "…"
         lines = ["  ".join(cut(v, w).ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
@@ -74,6 +80,6 @@ class Table:
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(self.columns)
-            w.writerows(self.rows)
+            w.writerow(map(_text, self.columns))
+            w.writerows([_text(v) for v in r] for r in self.rows)
         return path

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterable
 
 from .errors import CheckFailed
+from .redact import mask
 from .tables import Table
 
 
@@ -65,6 +66,11 @@ class Check:
     command: str = ""
 
     def __post_init__(self) -> None:
+        # what a check saw or ran may hold a secret (a command's environment, an error): masked
+        # here, before any table, matrix or message cuts it short
+        for name in ("check", "observed", "expected", "remedy", "command"):
+            if isinstance(value := getattr(self, name), str):
+                setattr(self, name, mask(value))
         try:
             self.status = Status(self.status)
         except ValueError:
@@ -289,7 +295,7 @@ class Verdict:
 
     def save(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        path.write_text(mask(json.dumps(self.to_json(), indent=2)) + "\n")
         return path
 
     def raise_for_failures(self) -> None:

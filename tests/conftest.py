@@ -1,12 +1,16 @@
 import os
+import re
 import shutil
 import socket
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from sparkbook.lab import docker
 from sparkbook.params import SSH, Node, load
+from sparkbook.parsers import listener
 from sparkbook.remote import Cluster
 from sparkbook.sshd import SshServer, keygen
 
@@ -90,26 +94,101 @@ def _lab_possible() -> str | None:
 
 
 @pytest.fixture(scope="session")
-def lab():
+def lab(request):
     """The 2-node lab, up for the whole session (the image is built first if needed, which takes
-    minutes the first time), and removed at the end, checking that nothing is left."""
+    minutes the first time) and clean (``clean_lab``: what an earlier run or benchmark left on it is
+    removed, and said), and removed at the end, checking that nothing is left."""
     why = _lab_possible()
     if why:
         pytest.skip(why)
     from sparkbook.lab import Lab
-    from sparkbook.lab.lab import leftovers
-    the_lab = Lab()
+    from sparkbook.lab.host import leftovers
+    the_lab, say = Lab(), _say(request)
+    st = the_lab.state()
+    if st and len(st["nodes"]) != 2:
+        say(f"lab: {len(st['nodes'])} nodes were up (left by an interrupted run or a benchmark): "
+            "taking them down for the session's 2")
+        the_lab.down(say=lambda *_: None)
     the_lab.up(2)
+    clean_lab(the_lab, say=say)
     yield the_lab
     the_lab.down(say=lambda *_: None)
     assert leftovers() == [], "lab down left things behind"
+
+
+def _say(request):
+    """Lines the whole session sees at once (pytest's own output, not captured)."""
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    return (lambda line: reporter.write_line(line)) if reporter else print
+
+
+# vLLM and Ray processes, as `ps -eo pid=,args=` shows them on a node
+STALE = re.compile(r"vllm|\bray\b|raylet|gcs_server")
+
+
+def sparkbook_containers(node) -> list[tuple[str, str]]:
+    """(ID, name) of every sparkbook container on a lab node.
+
+    By the label's key alone, whatever the deployment: the lab's nodes, their namespaces and Docker
+    daemons are entirely the lab's own, so every sparkbook container on them is a leftover of an
+    earlier run. Never so on real nodes, where every filter names the deployment
+    (label=sparkbook=<name>)."""
+    out = docker(node, "ps", "-a", "--filter", "label=sparkbook", "--format", "{{.ID}} {{.Names}}",
+                 check=False, timeout=30).stdout
+    return [tuple(ln.split(None, 1)) for ln in out.splitlines() if ln.strip()]
+
+
+def lab_litter(lab) -> dict[str, list[str]]:
+    """What runs on the lab's nodes that a clean lab has not: sparkbook containers, vLLM and Ray
+    processes, listeners on the configured ports; by node."""
+    ports = lab.params().ports.model_dump()
+    found = {}
+    for node in lab.nodes():
+        items = [f"container {name}" for _, name in sparkbook_containers(node)]
+        ps = lab.node_sh(node, "ps -eo pid=,args=", check=False).stdout
+        items += [f"process {ln.strip()[:120]}" for ln in ps.splitlines() if STALE.search(ln)]
+        ss = lab.node_sh(node, "ss -ltnpH", check=False).stdout.splitlines()
+        items += [f"listener on {kind} port {port}: {listener(ss, port)}" for kind, port in ports.items()
+                  if listener(ss, port)]
+        if items:
+            found[node.name] = items
+    return found
+
+
+def clean_lab(lab, say=print, settle: float = 15) -> None:
+    """Make the session's lab clean for the tests that need one, saying what was found: heal the
+    faults left applied, remove the sparkbook containers on its nodes; and when something is
+    still running or listening after that (a process outside any container), rebuild the lab."""
+    from sparkbook.lab import faults
+    for f in faults.heal(lab):
+        say(f"lab: a {f['kind']} fault on {f['node']} was left applied: healed")
+    found = lab_litter(lab)
+    for node in lab.nodes():
+        ids = [cid for cid, _ in sparkbook_containers(node)]
+        if ids:
+            docker(node, "rm", "-f", "-v", *ids, timeout=120)
+    if found:
+        say("lab: found at session start, left by an earlier run: "
+            + "; ".join(f"{n}: {', '.join(items)}" for n, items in found.items())
+            + "; sparkbook's containers removed")
+    deadline = time.monotonic() + settle  # sockets close a moment after their process
+    while (left := lab_litter(lab)) and time.monotonic() < deadline:
+        time.sleep(1)
+    if left:
+        say("lab: still there without a container: " + "; ".join(f"{n}: {', '.join(items)}"
+                                                               for n, items in left.items())
+            + "; rebuilding the lab (its nodes are entirely its own)")
+        n = len(lab.nodes())
+        lab.down(say=say)
+        lab.up(n, say=say)
 
 
 @contextmanager
 def resized(lab, n: int):
     """The session's lab with ``n`` nodes for a while (`lab up` takes seconds once the image is
     built), then the usual 2 again. The workers of either come up without the serving image: tests
-    that need it there copy it first (03, or ensure_image)."""
+    that need it there copy it first (03, or ensure_image). Clean by construction: both are new
+    labs (down, then up)."""
     quiet = lambda *_: None  # noqa: E731
     lab.down(say=quiet)
     try:

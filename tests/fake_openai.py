@@ -62,6 +62,10 @@ class FakeOpenAI:
         # a request on a connection idle for longer than this is dropped unanswered: what a client
         # sees when a server (uvicorn) closes an idle connection just as the client reuses it
         self.keep_alive: float | None = None
+        # vLLM with VLLM_API_KEY (or --api-key): every /v1 request needs "Authorization: Bearer KEY",
+        # else 401 (its AuthenticationMiddleware guards the /v1 paths only: /health stays open)
+        self.api_key: str | None = None
+        self.refused = 0  # requests answered 401
         for k, v in knobs.items():
             if not hasattr(self, k):
                 raise TypeError(f"no knob {k!r}")
@@ -203,16 +207,31 @@ def _handler(fake: FakeOpenAI):
             self.wfile.write(b"%X\r\n%s\r\n" % (len(raw), raw))  # one chunk of the chunked body
             self.wfile.flush()
 
+        def unauthorized(self) -> bool:
+            """Answers 401 to a /v1 request without the server's key (as vLLM does)."""
+            if fake.api_key is None or not self.path.startswith("/v1"):
+                return False
+            if self.headers.get("Authorization") == f"Bearer {fake.api_key}":
+                return False
+            if self.command == "POST":
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            with fake._lock:
+                fake.refused += 1
+            self.send_json(401, {"error": "Unauthorized"})
+            return True
+
         def do_GET(self) -> None:
-            if self.stale():
+            if self.stale() or self.unauthorized():
                 return
+            if self.path == "/health":
+                return self.send_json(200, {})
             if self.path != "/v1/models":
                 return self.error(404, "not found")
             self.send_json(200, {"object": "list", "data": [
                 {"id": fake.model, "object": "model", "owned_by": "vllm", "max_model_len": fake.max_model_len}]})
 
         def do_POST(self) -> None:
-            if self.stale():
+            if self.stale() or self.unauthorized():
                 return
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             if self.path == "/tokenize" and fake.tokenize:

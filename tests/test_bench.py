@@ -288,3 +288,17 @@ def test_the_step_runs_records_plots_and_concludes(tmp_path):
     for name in ("results.json", "levels.csv", "throughput.png", "latency.png", "depth.png"):
         assert (ctx.run_dir / "benchmark" / name).stat().st_size > 0, name
     assert records.load(ctx.run_dir).source == "run-1"
+
+
+def test_the_step_sends_the_api_key_of_the_parameters(tmp_path, monkeypatch):
+    """A vLLM that requires a key: every benchmark request carries the one serving.api_key_env names."""
+    key = "sk-sparkbook-bench-key-0123456789"
+    monkeypatch.setenv("SBK_TEST_API_KEY", key)
+    data = yaml.safe_load((Path(__file__).parents[1] / "parameters" / "localhost.yaml").read_text())
+    with FakeOpenAI(api_key=key) as server:
+        data["serving"].update(api_url=server.url, served_model_name="fake-model", api_key_env="SBK_TEST_API_KEY")
+        data["benchmark"] = BENCH.model_copy(update={"references": [], "request_rates": []}).model_dump()
+        ctx = notebook.Context(validate(data), "test", tmp_path / "run", step)
+        outcome = ctx.run(warmup=0, depth_requests=1, **QUIET)
+        assert server.refused == 0 and server.requests
+    assert all(lv.completed == lv.num_requests for lv in outcome.levels)

@@ -29,6 +29,17 @@ def test_command_for_the_spark_pair_uses_nccl_on_the_fabric():
     assert cmd[cmd.index("--backend") + 1] == "nccl" and "NCCL_DEBUG=INFO" in cmd
 
 
+def test_the_sweeps_container_is_the_deployments_and_sees_only_its_script():
+    """Named after the deployment (a second deployment's sweep on the same nodes is another
+    container) and labelled with it; the script from the private working folder, read-only."""
+    p = load(ROOT / "parameters" / "dgx-spark-pair.yaml")
+    cmd = collectives.command(p, p.head)
+    script = "/tmp/sparkbook-nvidia/dgx-spark-pair/allreduce.py"
+    assert cmd[cmd.index("--name") + 1] == "sparkbook-dgx-spark-pair-collectives"
+    assert "sparkbook=dgx-spark-pair" in cmd and script in cmd
+    assert [cmd[i + 1] for i, a in enumerate(cmd) if a == "-v"] == [f"{script}:{script}:ro"]
+
+
 def test_lab_uses_gloo_without_gpu_or_rdma_flags():
     p = load(LAB)
     cmd = collectives.command(p, p.nodes[0])
@@ -76,7 +87,7 @@ def test_a_rank_that_never_joins_fails_within_the_limit_and_leaves_nothing(lab, 
     assert (tmp_path / "logs" / "spark-1" / "collectives.log").exists()
     assert "no container on spark-2" in (tmp_path / "logs" / "spark-2" / "collectives.log").read_text()
     assert out.left_running == []
-    left = cluster.run("docker ps -aq --filter name=sparkbook-collectives; pgrep -f '[t]orchrun|[a]llreduce' || true")
+    left = cluster.run("docker ps -aq --filter name=sparkbook-lab-collectives; pgrep -f '[t]orchrun|[a]llreduce' || true")
     assert all(r.ok and r.stdout.strip() == "" for r in left.values()), {n: r.stdout for n, r in left.items()}
 
 

@@ -32,11 +32,12 @@ from sparkbook.lab import faults
 from sparkbook.lab.lab import docker
 from sparkbook.lab.nodes import lab_params, params_file
 from sparkbook.params import load, validate
-from sparkbook.remote import REMOTE_DIR, SCRIPTS, script, sh
 from sparkbook.settings import relay_plan
 from sparkbook.runner import run
-from sparkbook.scripts.imagestream import Layers, carried, chain_ids, split, v1_ids
+from sparkbook.scripts.imagestream import Layers, carried, chain_ids, split
+from sparkbook.scripts.savearchive import v1_ids
 from sparkbook.scripts.layerstore import expected_bytes
+from sparkbook.shell import SCRIPTS, script, sh
 from sparkbook.steps import distribute as step
 from sparkbook.verdict import FAIL
 
@@ -220,11 +221,13 @@ def test_model_sync_script_quotes_names_and_never_leaves_partial_files_under_the
     worker = params.workers[0]
     s = sync_script(params, {worker.name: ["a b.safetensors", "x'; touch pwned"]})
     assert s.name == "model_sync.sh"
-    assert s.args[0] == "/models/tiny-qwen3" and s.args[2] == ".sparkbook-partial"
-    assert "StrictHostKeyChecking=yes" in s.args[1] and not s.args[1].endswith(worker.peer_target)
-    assert s.args[3:] == (worker.name, worker.peer_target, "2", "a b.safetensors", "x'; touch pwned")
+    assert s.args[:3] == ("/models/tiny-qwen3", ".sparkbook-partial", "120")
+    assert s.args[3:5] == (worker.name, worker.peer_target) and s.args[6:] == ("2", "a b.safetensors", "x'; touch pwned")
+    rsh = s.args[5]
+    assert "StrictHostKeyChecking=yes" in rsh and "ServerAliveInterval=" in rsh and not rsh.endswith(worker.peer_target)
     text = s.text
-    assert "--partial-dir=\"$partial\"" in text and " -I " in text and "--delete-missing-args" in text
+    assert "--partial-dir=\"$partial\"" in text and " -I " in text and "--timeout=\"$stall\"" in text
+    assert "--delete" not in text and "--ignore-missing-args" in text
 
 
 def test_model_sync_script_copies_listed_files_to_every_worker(tmp_path):
@@ -242,20 +245,21 @@ def test_model_sync_script_copies_listed_files_to_every_worker(tmp_path):
     rsh = tmp_path / "rsh"  # rsync runs "RSH HOST COMMAND...": the command runs in the HOST folder
     rsh.write_text('#!/bin/sh\nhost=$1\nshift\ncd "$(dirname "$0")/$host" && exec sh -c "$*"\n')
     rsh.chmod(0o755)
-    args = ["-model", str(rsh), ".sparkbook-partial", "w1", "w1", "2", "a b.safetensors", "stale.json",
-            "w2", "w2", "3", *[n for n in names if n != "a b.safetensors"], "stale.json"]
+    args = ["-model", ".sparkbook-partial", "30", "w1", "w1", str(rsh), "2", "a b.safetensors", "stale.json",
+            "w2", "w2", str(rsh), "3", *[n for n in names if n != "a b.safetensors"], "stale.json"]
     r = run_script(script("model_sync.sh", *args), cwd=tmp_path / "head")
     assert r.returncode == 0, r.stderr
     done = sorted(line for line in r.stdout.splitlines() if line.startswith("DONE"))
     assert done == ["DONE w1 0 ", "DONE w2 0 "], r.stdout
     assert "[w1] " in r.stdout and "[w2] " in r.stdout
     w1, w2 = tmp_path / "w1" / "-model", tmp_path / "w2" / "-model"
-    assert sorted(p.name for p in w1.iterdir()) == ["a b.safetensors", "kept.txt"]
+    # a name the head lacks is skipped, never deleted on the worker
+    assert sorted(p.name for p in w1.iterdir()) == ["a b.safetensors", "kept.txt", "stale.json"]
     assert (w2 / "x'; touch pwned").read_bytes() == b"y" and (w2 / "sub" / "config.json").exists()
-    assert not (w2 / "stale.json").exists() and (w2 / "kept.txt").exists()
+    assert (w2 / "stale.json").read_text() == "old" and (w2 / "kept.txt").exists()
     assert not list(tmp_path.rglob("pwned")) and not list(tmp_path.rglob(".sparkbook-partial"))
     # a worker it cannot reach: its line says how rsync ended, the others are unaffected
-    r = run_script(script("model_sync.sh", "-model", "false", ".p", "w1", "w1", "1", "a b.safetensors"),
+    r = run_script(script("model_sync.sh", "-model", ".p", "30", "w1", "w1", "false", "1", "a b.safetensors"),
                    cwd=tmp_path / "head")
     assert r.returncode == 0 and re.search(r"^DONE w1 [1-9]\d* rsync error", r.stdout, re.M), r.stdout
 
@@ -441,8 +445,7 @@ class LocalHead:
         self.root, self.lines = root, []
 
     def run_on(self, node, cmd, timeout=None, stream=None):
-        cmd = [sys.executable if c == "python3" else str(SCRIPTS / Path(c).name) if c.startswith(REMOTE_DIR)
-               else c for c in cmd]
+        cmd = [sys.executable if c == "python3" else c for c in cmd]
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=self.root)
         for line in p.stdout:
             self.lines.append(line.rstrip())
@@ -453,7 +456,8 @@ class LocalHead:
 
 @pytest.fixture
 def local_nodes(tmp_path, monkeypatch):
-    """Workers as folders of this machine, reached by a stand-in SSH (``down``: names it refuses)."""
+    """Workers as folders of this machine, reached by a stand-in SSH (``down``: names it refuses;
+    ``stuck``: names whose SSH never reads its input, for 30 s)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "docker").write_text(NODE_DOCKER)
@@ -463,17 +467,21 @@ def local_nodes(tmp_path, monkeypatch):
     for k, v in {"PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_LAYERS": json.dumps(DIFF_IDS),
                  "FAKE_SIZE": str(len(archive)), "FAKE_ARCHIVE": str(tmp_path / "image.tar")}.items():
         monkeypatch.setenv(k, v)
-    down = set()
+    down, stuck = set(), set()
 
     def ssh(node):
         (tmp_path / node.name).mkdir(exist_ok=True)
+        if node.name in stuck:
+            return [sys.executable, "-c", "import time; time.sleep(30)", node.name]
         if node.name in down:
             return ["bash", "-c", 'echo "ssh: connect to host $0 port 22: Connection refused" >&2; exit 255',
                     node.name]
         return [sys.executable, "-c", STAND_IN_SSH, str(tmp_path / node.name)]
 
     monkeypatch.setattr(image, "peer_ssh", ssh)
-    return SimpleNamespace(root=tmp_path, archive=archive, down=down, head=LocalHead(tmp_path))
+    # the head and the relays run the package's own copy of the stream script
+    monkeypatch.setattr(image, "stream_path", lambda params, node: str(SCRIPTS / "imagestream.py"))
+    return SimpleNamespace(root=tmp_path, archive=archive, down=down, stuck=stuck, head=LocalHead(tmp_path))
 
 
 def copy_locally(nodes_up: int, parallel: int, held: dict[str, int], local, compress=False):
@@ -540,7 +548,7 @@ def test_a_relay_that_fails_names_itself_and_the_workers_behind_it(local_nodes):
     assert sorted(bad) == ["spark-2", "spark-3", "spark-4"]
     assert "SSH from spark-2 to spark-3" in bad["spark-3"].remedy
     assert bad["spark-4"].command.endswith(
-        f"| ssh {params.node('spark-3').peer_target} python3 /tmp/sparkbook/imagestream.py relay SPEC "
+        f"| ssh {params.node('spark-3').peer_target} python3 {image.stream_path(params, params.node('spark-3'))} relay SPEC "
         f"| ssh {params.node('spark-4').peer_target} docker load")
 
     # with spark-3 reachable again, the chain delivers to the workers behind spark-2

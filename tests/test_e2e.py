@@ -1,6 +1,8 @@
 """The whole runbook on the lab, 00 to 08, the way the README's first command runs it: the project's
-main integration test. Then the run folder: every step passed, the results data and plots are
-there, a canary token set for the run appears nowhere, and report.html renders in headless
+main integration test, with an API key required (serving.api_key_env). Then the run folder: every
+step passed, the results data and plots are there, two canaries (the HF token, and the API key with
+characters that JSON, HTML and the shell escape) appear nowhere in any form, though 06 proves the key
+reached vLLM (a request without it is refused), and report.html renders in headless
 Chromium (Debian's chromium package, driven by Playwright) with every plot loaded and no console
 error."""
 
@@ -9,12 +11,15 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
+from sparkbook.redact import _forms
 from sparkbook.runner import run
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = ROOT / "parameters" / "lab.yaml"
 CANARY = "hf_e2eCANARY7f3a9c1d5b8e2f4a6c0d"
+API_KEY = "sk-e2e\"CANARY&<key>'9f2c4e7b1d"
 STEPS = ["00_inventory", "01_preflight", "02_collectives", "03_distribute_image", "04_ray_cluster",
          "05_serve", "06_smoke_test", "07_benchmark", "08_teardown"]
 
@@ -22,9 +27,14 @@ STEPS = ["00_inventory", "01_preflight", "02_collectives", "03_distribute_image"
 @pytest.fixture(scope="module")
 def full_run(lab, tmp_path_factory):
     out = tmp_path_factory.mktemp("e2e")
+    data = yaml.safe_load(LAB.read_text())
+    data["serving"]["api_key_env"] = "SPARKBOOK_E2E_API_KEY"
+    params_file = tmp_path_factory.mktemp("params") / "lab-e2e.yaml"
+    params_file.write_text(yaml.safe_dump(data))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_TOKEN", CANARY)
-        summary = run(LAB, out=out)
+        mp.setenv("SPARKBOOK_E2E_API_KEY", API_KEY)
+        summary = run(params_file, out=out)
     return out, summary
 
 
@@ -41,8 +51,11 @@ def test_the_reference_path_ran_ray_workers_and_parsers_proven(full_run):
     out, _ = full_run
     serving = json.loads((out / "serving.json").read_text())
     assert serving["executor"] == "ray" and serving["ray_workers"] == {"spark-1": 1, "spark-2": 1}
+    # the canaries reached the containers (their processes hold the variables; names only recorded)
+    assert {"HF_TOKEN", "VLLM_API_KEY"} <= set(serving["secrets"]["spark-1"]), serving["secrets"]
+    assert "HF_TOKEN" in serving["secrets"]["spark-2"], serving["secrets"]
     smoke = {c["check"]: c["status"] for c in json.loads((out / "verdicts" / "06_smoke_test.json").read_text())["checks"]}
-    for check in ("tool call (auto)", "tool call (required)", "reasoning"):
+    for check in ("tool call (auto)", "tool call (required)", "reasoning", "API key required"):
         assert smoke[check] == "PASS", smoke
 
 
@@ -58,9 +71,12 @@ def test_results_data_and_plots_are_in_the_run_folder(full_run):
     assert set(statuses.values()) <= {"PASS", "WARN"}, statuses
 
 
-def test_the_canary_token_appears_nowhere_in_the_run_folder(full_run):
+def test_the_canaries_appear_nowhere_in_the_run_folder_in_any_form(full_run):
+    """The API key reached vLLM (06's "API key required" passed above), and the token file holding
+    it held the HF token too: their absence here means sparkbook kept them out."""
     out, _ = full_run
-    leaks = [str(p) for p in out.rglob("*") if p.is_file() and CANARY.encode() in p.read_bytes()]
+    forms = {f.encode() for c in (CANARY, API_KEY) for f in _forms(c) | {c[:8]}}
+    leaks = [(str(p), f) for p in out.rglob("*") if p.is_file() for f in forms if f in p.read_bytes()]
     assert leaks == []
 
 

@@ -3,6 +3,7 @@ local hub server (fresh, resumed, already present, a wrong token, a pinned revis
 transfer), the server against huggingface_hub's own ``snapshot_download``, ``fetch_model`` on a
 local node, the commands, checks and 03's outcome; then on the lab, in the real serving container."""
 
+import getpass
 import hashlib
 import json
 import os
@@ -15,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkbook.distribution.hub import (CHECK, TOKEN_FILE, HubOutcome, download_command, fetch_model,
-                                        hub_checks, shown)
+from sparkbook.distribution.hub import (CHECK, HubOutcome, download_command, fetch_model, hub_checks, shown,
+                                        token_path)
 from sparkbook.distribution.image import ImageOutcome
 from sparkbook.distribution.model import ModelOutcome, manifests
 from sparkbook.lab.hubserver import HubServer
@@ -216,11 +217,14 @@ def test_the_local_hub_answers_ranges_headers_and_errors(hub, source):
 # --------------------------------------------------------------- fetch_model, commands, checks
 
 def local_params(path: str, **model) -> object:
-    """A one-node deployment on this machine (no SSH), downloading with this venv's python."""
-    return validate({"name": "hubtest", "nodes": [{"name": "here", "host": "localhost", "local": True,
-                                                   "role": "head"}],
-                     "runtime": {"kind": "venv", "venv": sys.prefix},
-                     "model": {"name": REPO, "path": path, "source": "hf", **model}})
+    """A one-node deployment on this machine (no SSH), downloading with this venv's python (set
+    after validation: the parameters refuse runtime.kind venv until serving implements it)."""
+    params = validate({"name": "hubtest", "nodes": [{"name": "here", "host": "localhost", "local": True,
+                                                     "role": "head"}],
+                       "runtime": {"image": "unused:1"},
+                       "model": {"name": REPO, "path": path, "source": "hf", **model}})
+    return params.model_copy(update={"runtime": params.runtime.model_copy(update={"kind": "venv",
+                                                                                  "venv": sys.prefix, "image": None})})
 
 
 def test_fetch_model_on_a_local_node_passes_the_token_in_a_file_only(hub, source, tmp_path, monkeypatch):
@@ -230,7 +234,10 @@ def test_fetch_model_on_a_local_node_passes_the_token_in_a_file_only(hub, source
     out = fetch_model(params, Cluster.from_params(params), say=lambda *_: None, show=False)
     assert out.error is None, out
     assert (out.commit, out.fetched, out.total, out.files) == (hub.commit, hub.size, hub.size, 5)
-    assert same_files(source, tmp_path / "model") and not Path(TOKEN_FILE).exists()
+    # the token went through the deployment's private working folder, and is gone
+    folder = Path(token_path(params)).parent
+    assert folder == Path(f"/tmp/sparkbook-{getpass.getuser()}/hubtest") and folder.stat().st_mode & 0o777 == 0o700
+    assert same_files(source, tmp_path / "model") and not Path(token_path(params)).exists()
     assert TOKEN not in json.dumps(out.to_json()) and "--env-file" in out.command
     assert [c.status for c in hub_checks(params, out)] == [PASS]
     again = fetch_model(params, Cluster.from_params(params), say=lambda *_: None, show=False)
@@ -259,10 +266,13 @@ def test_the_download_runs_in_the_serving_image_as_the_ssh_user(monkeypatch):
     params = lab.model_copy(update={"model": lab.model.model_copy(
         update={"source": "hf", "revision": "abc123", "name": "-org/model"})})
     program = "print('the program')"
-    cmd = download_command(params, "1000:1001", TOKEN_FILE, program)
+    cmd = download_command(params, "1000:1001", "/w/hub.env", program)
     assert cmd[:3] == ["docker", "run", "--rm"] and cmd[cmd.index("--user") + 1] == "1000:1001"
+    # the container is this deployment's (name and label): another deployment's download is not touched
+    assert cmd[cmd.index("--name") + 1] == f"sparkbook-{params.name}-hub-download"
+    assert cmd[cmd.index("--label") + 1] == f"sparkbook={params.name}"
     assert ["-v", "/models/tiny-qwen3:/models/tiny-qwen3"] == cmd[cmd.index("-v"):cmd.index("-v") + 2]
-    assert "HF_ENDPOINT=http://10.77.0.1:8081" in cmd and cmd[cmd.index("--env-file") + 1] == TOKEN_FILE
+    assert "HF_ENDPOINT=http://10.77.0.1:8081" in cmd and cmd[cmd.index("--env-file") + 1] == "/w/hub.env"
     entry = cmd.index("--entrypoint")
     assert cmd[entry:entry + 5] == ["--entrypoint", "python3", params.runtime.image, "-c", program]
     assert cmd[-4:] == ["--revision=abc123", "--", "-org/model", "/models/tiny-qwen3"]

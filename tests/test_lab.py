@@ -3,7 +3,11 @@ test_serving); the simulated hardware against real Spark outputs; faults and hea
 after down."""
 
 import json
+import os
 import shlex
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -11,9 +15,9 @@ import yaml
 
 from conftest import field_sample
 from sparkbook import parsers
-from sparkbook.lab import faults
-from sparkbook.lab import lab_params
-from sparkbook.lab.lab import leftovers
+from sparkbook.lab import Lab, LabError, faults, host, lab_nodes, lab_params
+from sparkbook.lab.host import leftovers
+from sparkbook.params import validate
 from sparkbook.remote import Cluster
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -175,8 +179,290 @@ def test_down_leaves_nothing_and_up_again_with_the_image_on_the_head_only(lab, p
     assert res["spark-1"].ok and not res["spark-2"].ok
 
 
+def test_down_leaves_links_and_namespaces_it_did_not_make(lab):
+    """Named like the lab's, made by someone else: `lab down` leaves them."""
+    host.sh("ip", "link", "add", "sbk-theirs", "type", "veth", "peer", "name", "sbk-theirs-p")
+    host.sh("ip", "netns", "add", "sbk-theirs")
+    try:
+        removed = lab.down(say=lambda *_: None)
+        assert removed and not [r for r in removed if "theirs" in r]
+        assert sorted(leftovers()) == ["link sbk-theirs", "link sbk-theirs-p", "namespace sbk-theirs"]
+    finally:
+        host.sh("ip", "link", "del", "sbk-theirs", check=False)
+        host.sh("ip", "netns", "del", "sbk-theirs", check=False)
+        lab.up(2, say=lambda *_: None)
+
+
+def test_down_finishes_past_a_busy_cgroup_and_the_next_down_ends_it(lab):
+    quiet = lambda *_: None  # noqa: E731
+    node = lab.nodes()[1]
+    hierarchy = next(d for d in (host.CGROUP_ROOT / "pids", host.CGROUP_ROOT) if (d / "cgroup.procs").exists())
+    held = hierarchy / node.cgroup / "held"  # the node's cgroup, with a process that outlives the node
+    held.mkdir(parents=True, exist_ok=True)
+    sleeper = subprocess.Popen(["sleep", "300"])
+    try:
+        (held / "cgroup.procs").write_text(str(sleeper.pid))
+        with pytest.raises(LabError, match=f"lab down could not remove: cgroup {node.cgroup}: .*busy"):
+            lab.down(say=quiet)
+        assert lab.state()["made"] == [{"kind": "cgroup", "name": node.cgroup}]
+        assert [x for x in leftovers() if not x.startswith("cgroup ")] == []  # the rest is gone
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert f"cgroup {node.cgroup}" in lab.down(say=quiet)
+    assert leftovers() == [] and lab.state() is None
+    lab.up(2, say=quiet)
+
+
 def test_the_lab_image_declares_vllm_serve_as_its_entrypoint_like_vllm_openai(lab, params):
     """So that every lab run proves sparkbook's containers name their own program."""
     head = Cluster.from_params(params).run_on(params.head, ["docker", "image", "inspect", "--format",
                                                             "{{json .Config.Entrypoint}}", params.runtime.image])
     assert json.loads(head.stdout) == ["vllm", "serve"]
+
+
+# ------------------------------------------------------------------- what the lab makes and removes
+
+# `ip -j route show table all` and `ip -j addr show` (iproute2 6.1) on a Debian 12 development
+# machine, trimmed to the fields read
+HOST_ROUTES = [
+    {"dst": "default", "gateway": "192.0.2.1", "dev": "eth0", "flags": []},
+    {"dst": "192.0.2.0/24", "dev": "eth0", "protocol": "kernel", "scope": "link", "prefsrc": "192.0.2.2"},
+    {"type": "local", "dst": "127.0.0.0/8", "dev": "lo", "table": "local", "protocol": "kernel"},
+    {"type": "local", "dst": "192.0.2.2", "dev": "eth0", "table": "local", "protocol": "kernel"},
+    {"type": "broadcast", "dst": "192.0.2.255", "dev": "eth0", "table": "local", "protocol": "kernel"},
+    {"dst": "fd00::/64", "dev": "eth0", "protocol": "kernel", "metric": 256},
+    {"dst": "default", "gateway": "fd00::1", "dev": "eth0", "metric": 1024},
+    {"type": "multicast", "dst": "ff00::/8", "dev": "eth0", "table": "local", "protocol": "kernel"},
+]
+HOST_ADDRS = [
+    {"ifname": "lo", "addr_info": [{"family": "inet", "local": "127.0.0.1", "prefixlen": 8},
+                                   {"family": "inet6", "local": "::1", "prefixlen": 128}]},
+    {"ifname": "ifb0", "addr_info": []},
+    {"ifname": "eth0", "addr_info": [{"family": "inet", "local": "192.0.2.2", "prefixlen": 24},
+                                     {"family": "inet6", "local": "fd00::2", "prefixlen": 64}]},
+]
+
+
+def test_address_conflicts_name_every_route_and_address_over_the_lab_subnet():
+    assert host.address_conflicts(HOST_ROUTES, HOST_ADDRS) == []
+    routes = HOST_ROUTES + [
+        {"dst": "10.0.0.0/8", "gateway": "192.0.2.1", "dev": "eth0"},     # broader: the lab would take a part
+        {"dst": "10.77.0.7", "dev": "tun0"},                              # one host
+        {"dst": "10.77.1.0/24", "dev": "br1"},                            # a rail subnet: the nodes' own
+        {"dst": "10.78.0.0/16", "dev": "br2"},                            # next door
+    ]
+    addrs = HOST_ADDRS + [{"ifname": "vpn0", "addr_info": [{"family": "inet", "local": "10.77.0.200",
+                                                             "prefixlen": 32}]},
+                          {"ifname": "eth1", "addr_info": [{"family": "inet", "local": "10.76.255.1",
+                                                             "prefixlen": 24}]}]
+    assert host.address_conflicts(routes, addrs) == [
+        "route 10.0.0.0/8 gateway 192.0.2.1 dev eth0 overlaps the lab's 10.77.0.0/24",
+        "route 10.77.0.7 dev tun0 overlaps the lab's 10.77.0.0/24",
+        "address 10.77.0.200/32 on vpn0 overlaps the lab's 10.77.0.0/24",
+    ]
+
+
+class FakeHost:
+    """``sh`` for the lab's host module: the machine's links and namespaces, and the commands run."""
+
+    def __init__(self, links=(), netns=(), routes=HOST_ROUTES, addrs=HOST_ADDRS, fail=()):
+        self.links, self.netns, self.routes, self.addrs = list(links), list(netns), routes, addrs
+        self.fail, self.calls = set(fail), []
+
+    def __call__(self, *cmd, check=True, timeout=60, **kw):
+        out = ""
+        if cmd[:3] == ("ip", "-j", "link"):
+            out = json.dumps([{"ifname": li} for li in self.links])
+        elif cmd[:3] == ("ip", "netns", "list"):
+            out = "".join(f"{ns} (id: {i})\n" for i, ns in enumerate(self.netns))
+        elif cmd[:3] == ("ip", "-j", "route"):
+            out = json.dumps(self.routes)
+        elif cmd[:3] == ("ip", "-j", "addr"):
+            out = json.dumps(self.addrs)
+        else:
+            self.calls.append(cmd)
+            if cmd in self.fail:
+                raise LabError(f"lab: `{' '.join(cmd)}` failed (2): Device or resource busy")
+            if cmd[:3] == ("ip", "link", "del"):
+                self.links.remove(cmd[3])
+            elif cmd[:3] == ("ip", "netns", "del"):
+                self.netns.remove(cmd[3])
+        return subprocess.CompletedProcess(cmd, 0, out, "")
+
+
+def test_down_removes_only_what_it_recorded_and_finishes_whatever_fails(tmp_path, monkeypatch):
+    fake = FakeHost(links=["eth0", "sbk-mgmt", "sbkm1", "sbkm2", "sbk-theirs"],
+                    netns=["sbk-fabric", "sbk-spark-1", "sbk-spark-2", "sbk-theirs"],
+                    fail=[("ip", "link", "del", "sbkm2")])
+    monkeypatch.setattr(host, "sh", fake)
+    mount_point, nodes = tmp_path / "models", tmp_path / "nodes"
+    mount_point.mkdir()
+    (nodes / "spark-1").mkdir(parents=True)
+    made = [{"kind": "path", "name": str(mount_point)}, {"kind": "link", "name": "sbk-mgmt"},
+            {"kind": "netns", "name": "sbk-fabric"}, {"kind": "tree", "name": str(nodes)}]
+    for i in (1, 2):
+        made += [{"kind": "netns", "name": f"sbk-spark-{i}"}, {"kind": "link", "name": f"sbkm{i}"}]
+    lab = Lab(tmp_path)
+    lab._save({"nodes": {}, "faults": [], "image": "x", "made": made})
+    with pytest.raises(LabError, match="lab down could not remove: link sbkm2: .*Device or resource busy"):
+        lab.down(say=lambda *_: None)
+    # every other step ran, newest first; nothing it did not record was touched
+    assert fake.calls == [("ip", "link", "del", "sbkm2"), ("ip", "netns", "del", "sbk-spark-2"),
+                          ("ip", "link", "del", "sbkm1"), ("ip", "netns", "del", "sbk-spark-1"),
+                          ("ip", "netns", "del", "sbk-fabric"), ("ip", "link", "del", "sbk-mgmt")]
+    assert fake.links == ["eth0", "sbkm2", "sbk-theirs"] and fake.netns == ["sbk-theirs"]
+    assert not nodes.exists() and not mount_point.exists()
+    # what failed stays recorded; the next down finishes it
+    assert lab.state()["made"] == [{"kind": "link", "name": "sbkm2"}] and lab.state()["down_failed"]
+    fake.fail.clear()
+    assert lab.down(say=lambda *_: None) == ["link sbkm2"]
+    assert lab.state() is None and fake.links == ["eth0", "sbk-theirs"]
+
+
+def test_down_keeps_a_mount_point_someone_has_filled_since(tmp_path, monkeypatch):
+    monkeypatch.setattr(host, "sh", FakeHost())
+    ssh_dir = tmp_path / "ssh"
+    (ssh_dir / "theirs").mkdir(parents=True)
+    lab = Lab(tmp_path)
+    lab._save({"nodes": {}, "faults": [], "image": "x", "made": [{"kind": "path", "name": str(ssh_dir)}]})
+    assert lab.down(say=lambda *_: None) == [] and (ssh_dir / "theirs").is_dir() and lab.state() is None
+
+
+def test_up_refuses_on_an_address_or_name_conflict_before_making_anything(monkeypatch):
+    from sparkbook.lab import lab as lab_module
+    routes = HOST_ROUTES + [{"dst": "10.77.0.0/16", "dev": "wg0", "protocol": "static"}]
+    monkeypatch.setattr(host, "sh", FakeHost(links=["eth0", "sbkm2"], netns=["sbk-fabric"], routes=routes))
+    monkeypatch.setattr(lab_module, "_require", lambda *_: None)
+    monkeypatch.setattr(lab_module.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(lab_module, "ensure", lambda *_a, **_k: pytest.fail("nothing may be built"))
+    home = Path("/nonexistent/sparkbook-lab-test")
+    with pytest.raises(LabError) as e:
+        Lab(home).up(2, say=lambda *_: None)
+    assert str(e.value).startswith("lab up refused, this machine already has: route 10.77.0.0/16 dev wg0 "
+                                   "overlaps the lab's 10.77.0.0/24; link sbkm2 exists; network namespace "
+                                   "sbk-fabric exists")
+    assert not home.exists()
+
+
+def test_a_lab_json_of_an_older_sparkbook_is_taken_down_by_its_fixed_names():
+    made = host.made_by_older_lab({"nodes": {"spark-1": {}, "spark-2": {}}, "created": ["/models"]})
+    assert {m["name"] for m in made if m["kind"] == "link"} == {"sbk-mgmt", "sbkm1", "sbkm2"}
+    assert {m["name"] for m in made if m["kind"] == "netns"} == {"sbk-fabric", "sbk-spark-1", "sbk-spark-2"}
+    assert {m["name"] for m in made if m["kind"] == "cgroup"} == {"sbk-spark-1", "sbk-spark-2"}
+    assert made[0] == {"kind": "path", "name": "/models"}  # removed last
+
+
+class CountingLab(Lab):
+    """A lab whose up and down only count nodes (for ``as_found``)."""
+
+    def __init__(self, n: int):
+        super().__init__(Path("/nonexistent/sparkbook-lab-test"))
+        self.n, self.calls = n, []
+
+    def state(self):
+        return {"nodes": {f"spark-{i}": {} for i in range(1, self.n + 1)}, "faults": []} if self.n else None
+
+    def down(self, say=print):
+        self.calls.append("down")
+        self.n = 0
+        return []
+
+    def up(self, n=2, say=print):
+        self.calls.append(f"up {n}")
+        self.n = n
+
+
+@pytest.mark.parametrize("before", [2, 0])
+def test_a_benchmark_leaves_the_lab_as_it_found_it_even_on_ctrl_c_or_sigterm(before):
+    handler = signal.getsignal(signal.SIGTERM)
+    for stop in (KeyboardInterrupt, "SIGTERM"):
+        lab = CountingLab(before)
+        with pytest.raises(KeyboardInterrupt if stop is KeyboardInterrupt else SystemExit) as e:
+            with lab.as_found():
+                lab.down()
+                lab.up(8)
+                if stop == "SIGTERM":
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    time.sleep(5)  # the signal arrives before this ends
+                raise stop
+        assert lab.n == before and lab.calls[2:] == (["down", "up 2"] if before else ["down"])
+        if stop == "SIGTERM":
+            assert e.value.code == 143
+    assert signal.getsignal(signal.SIGTERM) == handler
+
+
+# ------------------------------------------------------------------- a clean lab for the tests
+
+class LitteredLab:
+    """A lab whose spark-1 holds a vLLM container (listening on the API port), and maybe a vLLM
+    process outside any container that survives it."""
+
+    def __init__(self, stray=False):
+        self.containers = {"spark-1": [("3f2a", "sparkbook-lab-vllm")], "spark-2": []}
+        self.stray, self.calls = stray, []
+
+    def nodes(self):
+        return lab_nodes(2)
+
+    def params(self):
+        return validate(lab_params(2))
+
+    def state(self):
+        return {"nodes": {"spark-1": {}, "spark-2": {}}, "faults": []}
+
+    def node_sh(self, node, script, check=True, timeout=60):
+        serving = bool(self.containers[node.name]) or (self.stray and node.name == "spark-1")
+        out = {"ps -eo pid=,args=": "    1 bash init.sh\n   40 /usr/sbin/sshd -f sshd_config\n"
+                                    + ("  812 python3 -m vllm.entrypoints.openai.api_server\n" if serving else ""),
+               "ss -ltnpH": "LISTEN 0 128 10.77.0.11:22 0.0.0.0:* users:((\"sshd\",pid=40,fd=3))\n"
+                            + ("LISTEN 0 2048 10.77.0.11:8000 0.0.0.0:* users:((\"python3\",pid=812,fd=9))\n"
+                               if serving else "")}[script]
+        return subprocess.CompletedProcess(script, 0, out, "")
+
+    def docker(self, node, *args, **kw):
+        self.calls.append((node.name, *args))
+        if args[:2] == ("ps", "-a"):
+            assert "label=sparkbook" in args  # the lab's own daemons: every sparkbook container
+            out = "".join(f"{cid} {name}\n" for cid, name in self.containers[node.name])
+            return subprocess.CompletedProcess(args, 0, out, "")
+        assert args[:3] == ("rm", "-f", "-v")
+        self.containers[node.name] = [c for c in self.containers[node.name] if c[0] not in args[3:]]
+        return subprocess.CompletedProcess(args, 0, "", "")
+
+    def down(self, say=print):
+        self.calls.append("down")
+        self.stray = False
+        self.containers = {"spark-1": [], "spark-2": []}
+
+    def up(self, n=2, say=print):
+        self.calls.append(f"up {n}")
+
+
+@pytest.mark.parametrize("stray", [False, True])
+def test_the_session_lab_is_made_clean_and_says_what_it_found(monkeypatch, stray):
+    import conftest
+    lab = LitteredLab(stray)
+    monkeypatch.setattr(conftest, "docker", lab.docker)
+    said = []
+    conftest.clean_lab(lab, say=said.append, settle=0)
+    assert ("spark-1", "rm", "-f", "-v", "3f2a") in lab.calls
+    assert said[0].startswith("lab: found at session start, left by an earlier run: spark-1: container "
+                              "sparkbook-lab-vllm, process 812 python3 -m vllm.entrypoints")
+    assert "listener on api port 8000: 10.77.0.11:8000" in said[0] and "spark-2" not in said[0]
+    if stray:  # a vLLM process outside any container: the lab is rebuilt, and that is said
+        assert said[1].startswith("lab: still there without a container: spark-1: process 812")
+        assert lab.calls[-2:] == ["down", "up 2"]
+    else:
+        assert len(said) == 1 and "down" not in lab.calls
+    assert conftest.lab_litter(lab) == {}
+
+
+def test_a_clean_lab_is_left_as_it_is(monkeypatch):
+    import conftest
+    lab = LitteredLab()
+    lab.containers["spark-1"] = []
+    monkeypatch.setattr(conftest, "docker", lab.docker)
+    said = []
+    conftest.clean_lab(lab, say=said.append, settle=0)
+    assert said == [] and not [c for c in lab.calls if c[1] == "rm" or c in ("down", "up 2")]

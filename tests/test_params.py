@@ -124,12 +124,14 @@ def test_secret_looking_values_are_not_echoed():
     assert "model.hf_token" in got and "hf_supersecret" not in str(got)
 
 
-def test_docker_runtime_needs_an_image_and_venv_a_path():
+def test_docker_runtime_needs_an_image_and_venv_is_refused_until_implemented():
     d = pair()
     d["runtime"] = {"kind": "docker"}
     assert "runtime.image" in problems(d)
-    d["runtime"] = {"kind": "venv"}
-    assert "runtime.venv" in problems(d)
+    d["runtime"] = {"kind": "venv", "venv": "/opt/vllm"}
+    got = problems(d)
+    assert got["runtime.kind"].startswith("not implemented yet; use docker")
+    assert "not implemented yet" in got["runtime.venv"]
 
 
 def test_unreadable_and_malformed_files(tmp_path):

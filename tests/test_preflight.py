@@ -55,9 +55,10 @@ def test_each_node_gets_one_bundle_its_values_as_arguments():
     assert part["ping"].args == ("8972", "enp1s0f1np1", "10.77.1.12", "enP2p1s0f1np1", "10.77.2.12")
     assert part["in-use"].args == (STALE,)
     assert part["runtime"].args == ("docker", "sparkbook-lab/vllm-cpu:latest")
-    assert part["model"].args == (path, "config")
-    name, target, sep, ssh, *options = part["peers-ssh"].args
-    assert (name, target, sep, ssh) == ("spark-2", "root@10.77.1.12", "--", "ssh") and "BatchMode=yes" in options
+    assert part["model"].args[:2] == (path, "config")
+    name, target, port, sep, ssh, *options = part["peers-ssh"].args
+    assert (name, target, port, sep, ssh) == ("spark-2", "root@10.77.1.12", "22", "--", "ssh")
+    assert "BatchMode=yes" in options
     for _, s in head.parts + worker.parts:
         assert not [v for v in (path, "sparkbook-lab", "10.77.", "enp1s0f1np1", "spark-2") if v in s.text], s.name
     assert str(part["model"]).startswith("bash sparkbook/scripts/model_manifest.sh '/models/x; touch")
@@ -449,3 +450,19 @@ def test_relays_check_ssh_to_the_workers_they_feed():
     small = validate(lab_of(4))
     assert names(small, "spark-2") == [] and names(small, "spark-1") == ["spark-2", "spark-3", "spark-4"]
     assert "peers-ssh" not in [s for s, _ in node_bundle(small, small.node("spark-2")).parts]
+
+
+def test_a_workers_extra_model_files_are_a_warning_not_a_difference():
+    """Another model in the worker's model folder is not the head's to impose: preflight names the
+    extras as a WARN, and the model still counts as identical (03 never deletes them)."""
+    from sparkbook.preflight.artifacts import model
+    from sparkbook.preflight.collect import Preflight
+    params = lab_params()
+    head = {"config.json": {"size": 10, "sha256": "a"}}
+    worker = {**head, "other/model.safetensors": {"size": 99, "sha256": "b"}}
+    pf = Preflight({"spark-1": {"model": head}, "spark-2": {"model": worker}}, {},
+                   {n.name: n.role for n in params.nodes})
+    got = {(c.check, c.node): c for c in model(params, pf)}
+    assert got[("model", "spark-2")].status == "PASS"
+    extra = got[("model extras", "spark-2")]
+    assert extra.status == "WARN" and "other/model.safetensors" in extra.observed and "delete_extras" in extra.remedy

@@ -7,7 +7,8 @@ import pytest
 
 from sparkbook.errors import CheckFailed
 from sparkbook.params import SSH, Node
-from sparkbook.remote import Cluster, connection, sh, wrap
+from sparkbook.remote import Cluster, connection
+from sparkbook.shell import sh, wrap
 
 
 def test_parallel_run_reaches_each_node_and_overlaps(ssh_nodes):
@@ -179,3 +180,58 @@ def test_streamed_lines_arriving_in_pieces_stay_whole():
     assert sink.getvalue() == '[spark-2] DONE {"a": 1}\n'
     out.close()
     assert sink.getvalue().splitlines() == ['[spark-2] DONE {"a": 1}', "[spark-2] PROGRESS 5"]
+
+
+def _wait_for(pattern: str, running: bool, limit: float = 10) -> bool:
+    """Whether a process matching ``pattern`` is (or is no longer) running within ``limit`` s."""
+    import subprocess
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if (subprocess.run(["pgrep", "-f", pattern], capture_output=True).returncode == 0) == running:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.parametrize("local", [False, True])
+def test_a_command_stops_when_this_machine_goes_away(ssh_nodes, tmp_path, local):
+    """The operator's process killed mid-command (an interrupted run, a closed terminal): the
+    command on the node ends with the connection, not at its own time limit (issue 15, point 6).
+    Over SSH (a real sshd here) and on a local node alike."""
+    import subprocess
+    import sys
+    node = ("Node(name='here', host='localhost', local=True)" if local else
+            f"Node(name='n', host='127.0.0.1', port={ssh_nodes.servers[0].port}, user='root', "
+            f"key={str(ssh_nodes.key)!r})")
+    program = ("import sys; from sparkbook.params import SSH, Node; from sparkbook.remote import Cluster\n"
+               f"ssh = SSH(known_hosts=[{str(ssh_nodes.known_hosts)!r}])\n"
+               f"print('go', flush=True); Cluster([{node}], ssh).run('sleep 41.75', timeout=600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "go"
+        assert _wait_for("slee[p] 41.75", running=True), "the command never started"
+    finally:
+        proc.kill()
+        proc.wait()
+    assert _wait_for("slee[p] 41.75", running=False), "the command outlived the process that started it"
+
+
+def test_the_guard_keeps_the_commands_status_and_output(ssh_nodes):
+    cluster = Cluster(ssh_nodes.nodes()[:1], ssh_nodes.ssh())
+    r = cluster.run("echo out; echo err >&2; read -r x; echo \"read:$x\"; exit 7")["node0"]
+    assert (r.exit_code, r.stdout, r.stderr.strip()) == (7, "out\nread:\n", "err")  # stdin: empty
+
+
+def test_ctrl_c_during_a_fan_out_returns_at_once_and_stops_the_commands(ssh_nodes):
+    """A KeyboardInterrupt (Ctrl-C in a notebook, or the runner interrupting the kernel) while the
+    nodes work: raised at once, not after the slowest node, and the commands end on the nodes."""
+    import os
+    import signal
+    import threading
+    cluster = Cluster(ssh_nodes.nodes(), ssh_nodes.ssh())
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()  # as the kernel gets it
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        cluster.run("sleep 43.5", timeout=600)
+    assert time.monotonic() - start < 5
+    assert _wait_for("slee[p] 43.5", running=False), "the commands ran on after Ctrl-C"

@@ -3,6 +3,7 @@ check builders over eight synthetic node reports (a rail cable out, a firewall),
 not pass, every check kept in the JSON; one or two nodes keep the full table; the report's overview
 by node and its commands grouped across nodes."""
 
+import html
 import json
 import re
 
@@ -210,3 +211,27 @@ def test_the_report_at_eight_nodes_shows_the_matrix_an_overview_by_node_and_grou
     assert len(ran) < 40 < len({(c.node, c.command) for c in preflight8.checks if c.command})
     assert ("01_preflight", "all 8 nodes", "ethtool enp1s0f1np1") in ran
     assert ("01_preflight", "all but spark-5", "ping -M do -s 8972 -I enP2p1s0f1np1 10.77.2.15") in ran
+
+
+def test_the_report_masks_every_form_of_a_secret(tmp_path, monkeypatch):
+    """A secret a cell printed (HTML-escaped in the page), one an HTML output escaped itself, one in
+    markdown (where emphasis would split it), one cut by the index's error column."""
+    from sparkbook import redact
+    secret = 'pw_"Zorblax&<Q>_9v_Lm\'k'  # a quote, markup and underscores
+    monkeypatch.setattr(redact, "_values", set())
+    redact.protect_value(secret)
+    v = Verdict("t", [Check("x", "a", PASS)])
+    out = run_folder(tmp_path, v)
+    nb = nbformat.read(out / "01_preflight.ipynb", 4)
+    nb.cells.append(nbformat.v4.new_markdown_cell(f"the key is {secret} here"))
+    nb.cells.append(nbformat.v4.new_code_cell("print(key)", outputs=[
+        nbformat.v4.new_output("stream", name="stdout", text=f"key={secret}\n"),
+        nbformat.v4.new_output("display_data", data={"text/html": f"<b>{html.escape(secret)}</b>",
+                                                     "text/plain": secret})]))
+    nbformat.write(nb, out / "01_preflight.ipynb")
+    summary = json.loads((out / "summary.json").read_text())
+    summary["steps"][0]["error"] = "CheckFailed: " + "x" * 137 + secret  # the index shows 10 of it
+    (out / "summary.json").write_text(json.dumps(summary))
+    page = report.build(out).read_text()
+    assert "Zorblax" not in page and secret[:8] not in page and html.escape(secret[:8]) not in page
+    assert page.count(redact.MASK) >= 4

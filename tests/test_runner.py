@@ -208,3 +208,62 @@ def test_report_key_numbers_commands_and_masked_secrets(books, tmp_path, monkeyp
     assert secret not in html and "********" in html
     assert secret not in (out / "03_leaky.ipynb").read_text()
     assert "sparkbook-key-numbers" in html and "docker exec x true" in html
+
+
+def test_run_folders_are_private_and_unique_even_within_one_second(books, tmp_path, monkeypatch, capsys):
+    """Two runs started in the same second get a folder each, readable by their owner alone."""
+    from datetime import datetime
+
+    from sparkbook import runner
+
+    class Frozen(datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return datetime(2026, 11, 30, 12, 0, 0, tzinfo=tz)
+
+    monkeypatch.setattr(runner, "datetime", Frozen)
+    monkeypatch.setattr(runner, "project_root", lambda: tmp_path)
+    for _ in range(2):
+        assert main(["run", "-p", str(LOCALHOST), "--notebooks", str(books), "--steps", "00"]) == 0
+    folders = sorted((tmp_path / "outputs").iterdir())
+    assert [f.name for f in folders] == ["20261130T120000Z-localhost", "20261130T120000Z-localhost-2"]
+    for f in folders:
+        assert f.stat().st_mode & 0o777 == 0o700
+        assert json.loads((f / "summary.json").read_text())["run_dir"] == str(f)
+    out = tmp_path / "given"
+    assert main(["run", "-p", str(LOCALHOST), "--notebooks", str(books), "--steps", "00", "--out", str(out)]) == 0
+    assert out.stat().st_mode & 0o777 == 0o700
+    shared = tmp_path / "shared"  # a folder sparkbook did not make: its mode is not sparkbook's to change
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    assert main(["run", "-p", str(LOCALHOST), "--notebooks", str(books), "--steps", "00", "--out", str(shared)]) == 0
+    assert shared.stat().st_mode & 0o777 == 0o755
+    assert f"others may read the run folder {shared}" in capsys.readouterr().err
+
+
+def test_every_file_of_the_run_folder_is_masked(books, tmp_path, monkeypatch):
+    """Secrets from the environment and those written in the parameters file are masked in every
+    file the run leaves: verdicts, logs, step outputs, the parameters' copy, the summary."""
+    env_secret, written = "hf_environmentSECRET42", "sk-writtenINparams-777"
+    monkeypatch.setenv("HF_TOKEN", env_secret)
+    data = yaml.safe_load(LOCALHOST.read_text())
+    data["serving"]["env"] = {"MY_API_KEY": written}
+    params = tmp_path / "secret.yaml"
+    params.write_text(yaml.safe_dump(data))
+    leak = (f"import json, pathlib\nd = pathlib.Path(ctx.run_dir)\n"
+            f"s = {env_secret!r} + ' ' + {written!r}\n"
+            "(d / 'verdicts').mkdir(exist_ok=True)\n(d / 'logs').mkdir(exist_ok=True)\n"
+            "(d / 'verdicts' / '04_leak.json').write_text(json.dumps({'observed': s}))\n"
+            "(d / 'logs' / 'serve.log').write_text(s + '\\n')\n"
+            "(d / 'preflight.json').write_text(json.dumps([{'command': 'x --api-key ' + s}]))\n"
+            "raise RuntimeError('failed with ' + s)")
+    notebook(books / "04_leak.ipynb", START, leak)
+    out = tmp_path / "run"
+    assert main(["run", "-p", str(params), "--notebooks", str(books), "--steps", "04", "--out", str(out)]) == 1
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert {"04_leak.json", "serve.log", "preflight.json", "parameters.yaml", "summary.json",
+            "04_leak.ipynb", "report.html"} <= {p.name for p in files}
+    for p in files:
+        text = p.read_text()
+        assert env_secret not in text and written not in text, p
+    assert "********" in (out / "logs" / "serve.log").read_text()

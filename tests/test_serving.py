@@ -2,6 +2,7 @@
 scripts against a fake `docker`, the stall watch on real vLLM logs (the failure signatures:
 test_signatures.py). On the lab: test_serving_lab.py."""
 
+import getpass
 import json
 from contextlib import contextmanager
 import os
@@ -18,11 +19,12 @@ import yaml
 from conftest import field_sample
 from sparkbook.params import ParamsError, load, validate
 from sparkbook.redact import MASK
-from sparkbook.remote import Cluster, command_line
+from sparkbook.remote import Cluster
 from sparkbook.serving import commands, deploy, startup, state
 from sparkbook.serving.inspection import ImageInfo, configured_options, image_checks, image_table
 from sparkbook.serving.state import node_states
 from sparkbook.serving.teardown import teardown
+from sparkbook.shell import command_line
 from sparkbook.steps import serve as serve_step
 from sparkbook.verdict import FAIL
 
@@ -68,12 +70,12 @@ def test_spark_pair_containers_have_what_multi_node_serving_needs():
     assert "--head" in head and "--address" not in head
     assert worker[worker.index("--address") + 1] == "192.168.100.10:6379"
     serve = commands.ray_serve_command(p)
-    assert serve[:3] == ["docker", "exec", "-d"] and serve[5:8] == [commands.RAY_CONTAINER, "bash", "-c"]
+    assert serve[:3] == ["docker", "exec", "-d"] and serve[5:8] == ["sparkbook-dgx-spark-pair-ray", "bash", "-c"]
     inner = shlex.split(serve[-1].split(" > ")[0])
     assert inner[:3] == ["vllm", "serve", p.model.path]
     for a, b in (("--tensor-parallel-size", "2"), ("--distributed-executor-backend", "ray"),
                  ("--reasoning-parser", "qwen3"), ("--tool-call-parser", "qwen3_coder"),
-                 ("--served-model-name", "qwen3.5-122b"), ("--port", "8000")):
+                 ("--served-model-name", "qwen3.5-122b"), ("--port", "8000"), ("--host", "spark-1.local")):
         assert inner[inner.index(a) + 1] == b
     assert inner.count("--enable-auto-tool-choice") == 1 and "--nnodes" not in inner
 
@@ -137,13 +139,30 @@ def test_odd_values_stay_one_argument_and_secrets_never_appear(monkeypatch):
     assert shlex.split(command_line(inner)) == inner
     assert shlex.split(inner[-1].split(" > ")[0])[-4:] == odd
     assert env_of(cmd)["WEIRD"] == "it's \"quoted\" $HOME"
-    assert cmd[cmd.index("--env-file") + 1] == commands.ENV_FILE
+    assert cmd[cmd.index("--env-file") + 1] == "/tmp/sparkbook-nvidia/dgx-spark-pair/secrets.env"
     rendered = commands.commands_table(p).to_text() + commands.commands_table(p)._repr_html_()
     assert CANARY not in rendered and CANARY not in json.dumps(cmd)
     assert commands.shown(["echo", CANARY]) == f"echo {MASK}"
     with_canary = commands.fingerprint(p, p.head, True)
     monkeypatch.setenv("HF_TOKEN", "hf_anotherTOKENvalue42")
     assert commands.fingerprint(p, p.head, True) == with_canary  # whether a token is set, not its value
+
+
+def test_a_secret_written_in_serving_env_goes_through_the_secrets_file_only():
+    """A token written in the parameters' serving.env never reaches a command line (where `ps`
+    shows it to every user of the node): the secrets file carries it; a new value restarts."""
+    secret = "hf_writtenINtheFILE0123456789"
+    data = yaml.safe_load(PAIR.read_text())
+    data["serving"]["env"] = {"HF_TOKEN": secret, "VLLM_LOGGING_LEVEL": "DEBUG"}
+    p = validate(data)
+    for ray in (True, False):
+        cmd = commands.container_command(p, p.head, ray=ray)
+        assert secret not in json.dumps(cmd) and env_of(cmd)["VLLM_LOGGING_LEVEL"] == "DEBUG"
+        assert commands.secrets(p, ray)["HF_TOKEN"] == secret and "--env-file" in cmd
+    assert secret not in json.dumps(commands.ray_serve_command(p))
+    before = commands.fingerprint(p, p.head, False)
+    data["serving"]["env"]["HF_TOKEN"] = "hf_anotherWRITTENvalue98765"
+    assert commands.fingerprint(validate(data), p.head, False) != before
 
 
 def test_configured_options_are_checked_against_the_image():
@@ -353,74 +372,120 @@ def test_ray_containers_outlive_serving_changes_and_vllm_serve_carries_its_finge
         proc.wait()
 
 
-def test_a_container_starts_in_place_of_the_old_one(tmp_path, monkeypatch):
-    calls = fake_tools(tmp_path, monkeypatch, docker='[ "$1" = run ] && echo new-container-id\n')
-    monkeypatch.setattr(state, "LOG_DIR", str(tmp_path / "logs"))
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    local = local_params("mp")
-    state.start(local, Cluster.from_params(local), local.nodes, ray=False, say=lambda *_: None)
-    rm, run_ = calls.read_text().splitlines()
-    assert rm == "docker rm -f sparkbook-vllm"
-    assert run_ == " ".join(commands.container_command(local, local.head))
-
-
-STATE_DOCKER = """case "$1 $2" in
-  "ps -a") printf 'sparkbook-vllm\\trunning\\tfp1\\nsparkbook-ray\\texited\\t\\n';;
-  "ps -aq") printf 'id1\\nid2\\n';;
-  "inspect --format") printf '/sparkbook-vllm sha256:new\\n/sparkbook-ray sha256:old\\n';;
-  "image inspect") echo sha256:new;;
+# A docker of containers as files: $FAKE_DOCKER/NAME holds the deployment its `sparkbook` label
+# names, then the login its `sparkbook.owner` label names (absent: no owner label).
+# `--filter label=sparkbook=X` lists X's; the key alone (`label=sparkbook`) lists them all.
+DOCKER = r"""d=$FAKE_DOCKER
+for a; do last=$a; done
+want=
+for a; do case $a in label=sparkbook) want='*';; label=sparkbook=*) want=${a#label=sparkbook=};; esac; done
+case "$1" in
+  ps) for f in "$d"/*; do
+        [ -e "$f" ] || continue; n=${f##*/}
+        case $(cat "$f") in $want) ;; *) continue;; esac
+        case "$*" in *"{{.ID}}"*) echo "$n $n";; *"{{.Names}}\t"*) printf '%s\trunning\tfp1\n' "$n";;
+                     *"{{.Names}}"*) echo "$n";; *) echo "$n";; esac
+      done;;
+  rm) shift; for n; do case $n in -*) ;; *) rm -f "$d/$n";; esac; done;;
+  container) [ -e "$d/$last" ] || exit 1
+             case "$*" in *sparkbook.owner*) sed -n 2p "$d/$last";; *) sed -n 1p "$d/$last";; esac;;
+  inspect) shift 3; for n; do echo "/$n sha256:new"; done;;
+  image) echo sha256:new;;
+  run) env_file=$(printf '%s\n' "$@" | sed -n '/^--env-file$/{n;p;}')
+       if [ -n "$env_file" ]; then cp "$env_file" "$d/../env-file-seen"; stat -c %a "$env_file" > "$d/../env-file-mode"; fi
+       for a; do case $a in sparkbook=*) label=${a#sparkbook=};; sparkbook.owner=*) owner=${a#sparkbook.owner=};; esac; done
+       name=$(printf '%s\n' "$@" | sed -n '/^--name$/{n;p;}'); printf '%s\n%s\n' "$label" "$owner" > "$d/$name"; echo new-id;;
+  logs) [ -e "$d/$last" ] && echo "the last words of $last" && exit 0
+        echo "Error response from daemon: No such container: $last" >&2; exit 1;;
+  exec) [ -n "$FAKE_EXEC" ] && shift 2 && exec "$@"
+        echo "Error response from daemon: No such container: $2" >&2; exit 1;;
 esac
 """
 
 
-def test_node_state_reads_containers_fingerprints_and_images(tmp_path, monkeypatch):
-    calls = fake_tools(tmp_path, monkeypatch, docker=STATE_DOCKER,
-                       ss='echo "LISTEN 0 4096 0.0.0.0:8000 0.0.0.0:* users:((\\"vllm\\",pid=7,fd=3))"\n')
+@pytest.fixture
+def docker_of(tmp_path, monkeypatch):
+    """The fake docker above, its containers (name -> deployment, or "deployment/owner"), the
+    calls it got; the working folder of every deployment under tmp_path."""
+    from sparkbook import workdir
+    folder = tmp_path / "containers"
+    folder.mkdir()
+    monkeypatch.setenv("FAKE_DOCKER", str(folder))
+    monkeypatch.setattr(workdir, "workdir", lambda params, node: str(tmp_path / "work" / params.name))
+    calls = fake_tools(tmp_path, monkeypatch, docker=DOCKER, ss="")
+
+    def containers(**have):
+        for name, deployment in have.items():
+            (folder / name).write_text(deployment.replace("/", "\n") + "\n")
+        return {f.name: f.read_text().splitlines()[0] for f in folder.iterdir()}
+    containers.calls = calls
+    return containers
+
+
+def test_a_container_starts_in_place_of_its_own_never_of_anothers(docker_of, monkeypatch):
+    """`docker rm -f NAME` only when NAME is this deployment's container; another's is left, and
+    the start refused naming it. The working folder is made private first."""
+    from sparkbook.errors import CheckFailed
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    local = local_params("mp")
+    name = commands.container_name(local, False)
+    assert name == "sparkbook-localhost-vllm"
+    cluster = Cluster.from_params(local)
+    state.start(local, cluster, local.nodes, ray=False, say=lambda *_: None)
+    assert docker_of() == {name: "localhost"}
+    said = docker_of.calls.read_text().splitlines()
+    assert not [c for c in said if c.startswith("docker rm")]  # nothing was there to remove
+    assert said[-1] == " ".join(commands.container_command(local, local.head))
+    state.start(local, cluster, local.nodes, ray=False, say=lambda *_: None)  # in place of its own
+    assert f"docker rm -f -- {name}" in docker_of.calls.read_text()
+    (Path(docker_of.calls).parent / "calls").write_text("")
+    me = getpass.getuser()
+    for theirs, why in ((f"someone-else/{me}", "label sparkbook is someone-else"),  # another deployment's
+                        ("localhost/nobody", f"label sparkbook.owner is nobody, not {me}")):  # another user's
+        docker_of(**{name: theirs})
+        with pytest.raises(CheckFailed, match=f"REPLACE-REFUSED a container named {name} exists whose {why}"):
+            state.start(local, cluster, local.nodes, ray=False, say=lambda *_: None)
+        kept = (Path(docker_of.calls).parent / "containers" / name).read_text()
+        assert kept == theirs.replace("/", "\n") + "\n"
+        assert not [c for c in docker_of.calls.read_text().splitlines() if c.startswith(("docker rm", "docker run"))]
+
+
+def test_node_state_reads_this_deployments_containers_fingerprints_and_images(docker_of, monkeypatch):
+    fake_tools(Path(docker_of.calls).parent, monkeypatch,
+               ss='echo "LISTEN 0 4096 0.0.0.0:8000 0.0.0.0:* users:((\\"vllm\\",pid=7,fd=3))"\n')
+    docker_of(**{"sparkbook-localhost-vllm": "localhost", "sparkbook-other-vllm": "other"})
     local = local_params("mp")
     st = node_states(local, Cluster.from_params(local))["this-machine"]
     assert st.error is None
-    assert st.containers == {"sparkbook-vllm": ("running", "fp1"), "sparkbook-ray": ("exited", "")}
-    assert st.runs == {"sparkbook-vllm": "sha256:new", "sparkbook-ray": "sha256:old"}
-    assert st.image == "sha256:new" and st.current("sparkbook-vllm", "fp1")
-    assert not st.current("sparkbook-vllm", "fp2") and not st.running("sparkbook-ray")
+    assert st.containers == {"sparkbook-localhost-vllm": ("running", "fp1")}  # not the other deployment's
+    assert st.runs == {"sparkbook-localhost-vllm": "sha256:new"}
+    assert st.image == "sha256:new" and st.current("sparkbook-localhost-vllm", "fp1")
+    assert not st.current("sparkbook-localhost-vllm", "fp2")
     assert [c.check for c in state.port_conflicts(local, {"this-machine": st})] == ["port free"]
-    said = calls.read_text()
-    assert "--filter label=sparkbook --format {{.Names}}\\t{{.State}}\\t{{.Label \"sparkbook.fingerprint\"}}" in said
-    assert "docker inspect --format {{.Name}} {{.Image}} id1 id2" in said
+    said = docker_of.calls.read_text()
+    assert "--filter label=sparkbook=localhost --format {{.Names}}\\t{{.State}}\\t{{.Label \"sparkbook.fingerprint\"}}" in said
     assert f"docker image inspect --format {{{{.Id}}}} -- {local.runtime.image}" in said
 
 
-TEARDOWN_DOCKER = """up="$(dirname "$0")/up"
-case "$1 $2" in
-  "ps -a") [ -e "$up" ] && printf 'sparkbook-vllm\\trunning\\tfp1\\n';;
-  "ps -aq") [ -e "$up" ] && echo id1;;
-  "rm -f") rm -f "$up";;
-  "logs --timestamps") [ "$3" = sparkbook-vllm ] && echo "the last words" && exit
-                       echo "Error response from daemon: No such container: $3" >&2; exit 1;;
-  exec*) echo "Error response from daemon: No such container: $2" >&2; exit 1;;
-esac
-"""
-
-
-def test_teardown_keeps_the_logs_then_removes_every_container(tmp_path, monkeypatch):
-    from sparkbook.serving import teardown as removal
+def test_teardown_keeps_the_logs_then_removes_only_this_deployments_containers(docker_of, tmp_path):
+    """08 removes its own deployment's containers and the secrets file an interrupted start left;
+    a second deployment's container on the same node survives."""
     from sparkbook.steps import teardown as step
-    calls = fake_tools(tmp_path, monkeypatch, docker=TEARDOWN_DOCKER, ss="")
-    (tmp_path / "bin" / "up").touch()
-    env_file = tmp_path / "secrets.env"
-    env_file.write_text("HF_TOKEN=x\n")
-    monkeypatch.setattr(removal, "ENV_FILE", str(env_file))
+    docker_of(**{"sparkbook-localhost-vllm": "localhost", "sparkbook-other-vllm": "other"})
     local = local_params("mp")
+    secrets = Path(commands.secrets_path(local, local.head))
+    secrets.parent.mkdir(parents=True)
+    secrets.write_text("HF_TOKEN=x\n")
     out = teardown(local, Cluster.from_params(local), tmp_path / "run")
-    assert out.removed == {"this-machine": ["sparkbook-vllm"]}
+    assert out.removed == {"this-machine": ["sparkbook-localhost-vllm"]}
     assert not (out.remaining or out.listeners or out.errors)
-    assert "docker rm -f id1" in calls.read_text() and not env_file.exists()
+    assert docker_of() == {"sparkbook-other-vllm": "other"} and not secrets.exists()
     logs = tmp_path / "run" / "logs" / "this-machine"
-    assert (logs / "sparkbook-vllm.log").read_text() == "the last words"
-    assert not (logs / "sparkbook-ray.log").exists() and not (logs / "ray_status.log").exists()
-    assert "sparkbook-vllm" in (logs / "containers.log").read_text() and (logs / "processes.log").exists()
+    assert (logs / "sparkbook-localhost-vllm.log").read_text() == "the last words of sparkbook-localhost-vllm"
+    assert not (logs / "sparkbook-localhost-ray.log").exists() and not (logs / "ray_status.log").exists()
     assert {c.status for c in step.checks(local, out)} == {"PASS"}
-    assert step.table(out).rows == [["this-machine", "sparkbook-vllm", "none", "none"]]
+    assert step.table(out).rows == [["this-machine", "sparkbook-localhost-vllm", "none", "none"]]
+    assert "--filter label=sparkbook=localhost" in step.checks(local, out)[0].command
 
 
 def test_the_serving_outcome_names_its_start_up_time_and_its_checks_the_cause():
@@ -429,8 +494,9 @@ def test_the_serving_outcome_names_its_start_up_time_and_its_checks_the_cause():
     ready = deploy.Deployment(action="started", ready=True, seconds=41.6, models=[p.served_model],
                               executor="ray", ray_workers={"spark-1": 1, "spark-2": 1})
     assert ready.key_numbers() == [("vLLM start-up", "ready in 42 s (started)")]
+    # the API answers on the head's management address without a key: said
     assert [(c.check, c.status) for c in serve_step.checks(p, ready)] == [
-        ("endpoint ready", "PASS"), ("served model", "PASS"), ("vLLM's Ray workers", "PASS")]
+        ("endpoint ready", "PASS"), ("served model", "PASS"), ("vLLM's Ray workers", "PASS"), ("API key", "WARN")]
     # vLLM that did not start its workers through Ray (a fallback): named, not passed
     fell_back = deploy.Deployment(action="started", ready=True, models=[p.served_model], executor="ray",
                                   ray_workers={"spark-1": 0, "spark-2": 0})
@@ -468,3 +534,173 @@ def test_a_subset_serves_and_a_node_outside_it_in_the_ray_cluster_fails():
     mp = validate({**d, "serving": {**d["serving"], "executor": "mp"}})
     args = commands.serve_args(mp, mp.node("spark-3"))
     assert args[args.index("--nnodes") + 1] == "2" and args[args.index("--node-rank") + 1] == "1"
+
+
+# ------------------------------------------------------------- binds, keys and secrets (issue 15)
+
+def lab_like(**serving):
+    from sparkbook.lab import lab_params
+    d = lab_params(2)
+    d["serving"].update(serving)
+    return validate(d)
+
+
+def test_the_control_plane_binds_loopback_and_the_api_the_heads_management_address():
+    """Ray's dashboard and Jobs API on the head's loopback (never 0.0.0.0); Ray's token mode on;
+    vLLM's API on serving.bind, by default the address this machine reaches the head on."""
+    p = lab_like()
+    for node in p.nodes:
+        ray = program(commands.container_command(p, node, ray=True), p.runtime.image)
+        assert "0.0.0.0" not in ray and ray[ray.index("--node-ip-address") + 1] == node.fabric_address
+        assert env_of(commands.container_command(p, node, ray=True))["RAY_AUTH_MODE"] == "token"
+    head = program(commands.container_command(p, p.head, ray=True), p.runtime.image)
+    assert head[head.index("--dashboard-host") + 1] == "127.0.0.1"
+    serve = commands.serve_args(p, p.head)
+    assert serve[serve.index("--host") + 1] == "10.77.0.11" == p.head.host
+    anywhere = lab_like(bind="0.0.0.0")
+    assert commands.serve_args(anywhere, anywhere.head)[serve.index("--host") + 1] == "0.0.0.0"
+    assert commands.fingerprint(anywhere, anywhere.head, False) != commands.fingerprint(p, p.head, False)
+
+
+def test_an_ssh_alias_or_a_name_binds_the_api_to_the_address_this_machine_resolves(tmp_path, monkeypatch):
+    """An address, never a name the head resolves itself (its own name is often 127.0.1.1 there)."""
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh" / "config").write_text("Host sbk-test-alias-head\n  HostName 192.0.2.44\n"
+                                              "Host sbk-test-named-head\n  HostName localhost\n")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    data = yaml.safe_load(PAIR.read_text())
+    for host, bind in (("sbk-test-alias-head", "192.0.2.44"), ("sbk-test-named-head", "127.0.0.1"),
+                       ("sbk-unresolvable.invalid", "sbk-unresolvable.invalid")):
+        data["nodes"][0]["host"] = host
+        assert commands.api_bind(validate(data)) == bind, host
+
+
+def test_the_api_key_reaches_vllm_through_the_secrets_file_only(monkeypatch):
+    key = "sk-sparkbook-canary-key-0123456789"
+    monkeypatch.setenv("SBK_TEST_API_KEY", key)
+    for executor in ("ray", "mp"):
+        p = lab_like(api_key_env="SBK_TEST_API_KEY", executor=executor)
+        assert commands.secrets(p, False)["VLLM_API_KEY"] == key
+        assert "VLLM_API_KEY" not in commands.secrets(p, True, "ray-token")  # Ray's containers: no key
+        cmd = commands.ray_serve_command(p) if executor == "ray" else commands.container_command(p, p.head)
+        assert cmd[cmd.index("--env-file") + 1] == commands.secrets_path(p, p.head)
+        shown = commands.commands_table(p).to_text() + json.dumps(cmd)
+        assert key not in shown and "--api-key" not in shown
+    from sparkbook.redact import mask
+    assert mask(f"key: {key}") == f"key: {MASK}"  # masked once read, whatever the variable's name
+
+
+def test_a_missing_key_variable_is_refused_before_anything_starts(monkeypatch):
+    from sparkbook.errors import CheckFailed
+    monkeypatch.delenv("SBK_TEST_API_KEY", raising=False)
+    with pytest.raises(CheckFailed, match="SBK_TEST_API_KEY, which is not set"):
+        deploy.serve(lab_like(api_key_env="SBK_TEST_API_KEY"), None, Path("unused"))
+
+
+def test_the_readiness_wait_sends_the_key_and_stops_at_once_when_it_is_refused(monkeypatch):
+    """With --api-key, 05 used to wait out the whole start-up limit: /v1/models answered 401."""
+    from fake_openai import FakeOpenAI
+    key = "sk-sparkbook-wait-key-0123456789"
+    with FakeOpenAI(model="m", api_key=key) as server:
+        p = lab_like(api_url=server.url, api_key_env="SBK_TEST_API_KEY")
+        monkeypatch.setenv("SBK_TEST_API_KEY", key)
+        assert deploy.healthy(p) == (True, ["m"], "ready", False)
+        monkeypatch.setenv("SBK_TEST_API_KEY", "sk-not-the-servers-key-000")
+        dep = deploy.Deployment()
+        t0 = time.monotonic()
+        deploy.wait_ready(p, None, dep, timeout=60)  # no node is read: the refusal ends the wait first
+        assert time.monotonic() - t0 < 5 and dep.key_refused and not dep.ready
+        assert "HTTP 401" in dep.seen and "not the one vLLM requires" in dep.seen
+        failed = failures(serve_step.checks(p, dep))
+        assert [c.check for c in failed] == ["API key"]
+        no_key = deploy.healthy(lab_like(api_url=server.url))
+        assert no_key.refused and "serving.api_key_env" in no_key.seen
+
+
+def test_secrets_go_through_a_private_file_removed_after_the_start(docker_of, monkeypatch, tmp_path):
+    """The HF token, the API key (vLLM) and Ray's own token (a new one per Ray cluster, masked)
+    reach the containers through a mode-600 file that is gone once they run; no docker command
+    line holds them."""
+    from sparkbook.redact import mask
+    hf, key = "hf_sparkbookCANARY0123456789", "sk-sparkbook-file-key-0123456789"
+    monkeypatch.setenv("HF_TOKEN", hf)
+    monkeypatch.setenv("SBK_TEST_API_KEY", key)
+    data = yaml.safe_load((ROOT / "parameters" / "localhost.yaml").read_text())
+    data["serving"].update(executor="mp", api_key_env="SBK_TEST_API_KEY")
+    local = validate(data)
+    cluster = Cluster.from_params(local)
+    state.start(local, cluster, local.nodes, ray=False, say=lambda *_: None)
+    seen = (tmp_path / "env-file-seen").read_text()
+    assert f"HF_TOKEN={hf}\n" in seen and f"VLLM_API_KEY={key}\n" in seen
+    assert (tmp_path / "env-file-mode").read_text().strip() == "600"
+    assert not Path(commands.secrets_path(local, local.head)).exists()
+    said = docker_of.calls.read_text()
+    assert hf not in said and key not in said and "--env-file" in said
+    state.start(local, cluster, local.nodes, ray=True, say=lambda *_: None)
+    seen = dict(line.split("=", 1) for line in (tmp_path / "env-file-seen").read_text().splitlines())
+    ray_token = seen["RAY_AUTH_TOKEN"]
+    assert len(ray_token) >= 32 and mask(ray_token) == MASK and "VLLM_API_KEY" not in seen
+    assert ray_token not in docker_of.calls.read_text()
+
+
+def test_the_listeners_are_read_inside_this_deployments_containers(docker_of, monkeypatch):
+    """listeners.sh runs its reader in each container of the deployment (here: this machine, as
+    `docker exec` of the fake runs it here): a socket on loopback and one on every interface."""
+    import socket
+    from sparkbook.serving.listeners import read_listeners
+    monkeypatch.setenv("FAKE_EXEC", "1")
+    monkeypatch.setenv("HF_TOKEN", CANARY)  # held by the reader's own process here
+    docker_of(**{"sparkbook-localhost-vllm": "localhost", "sparkbook-other-vllm": "other"})
+    local = local_params("mp")
+    with socket.socket() as lo, socket.socket() as every:
+        lo.bind(("127.0.0.1", 0))
+        every.bind(("0.0.0.0", 0))
+        lo.listen()
+        every.listen()
+        found, held = read_listeners(local, Cluster.from_params(local))
+        found = found["this-machine"]
+        mine = {(li.address, li.port) for li in found}
+        assert ("127.0.0.1", lo.getsockname()[1]) in mine and ("0.0.0.0", every.getsockname()[1]) in mine
+    assert {li.container for li in found} == {"sparkbook-localhost-vllm"}  # not the other deployment's
+    assert "HF_TOKEN" in held["this-machine"]  # named, never its value
+    assert "sparkbook-other-vllm" not in docker_of.calls.read_text().split("docker exec")[-1]
+
+
+def test_bound_addresses_fail_where_sparkbook_chose_and_warn_where_nothing_offers_a_choice():
+    from sparkbook.serving.listeners import Listener, checks, table
+    p = lab_like()
+    fabric = [Listener("sparkbook-lab-ray", "10.77.1.11", 6379, "gcs_server"),
+              Listener("sparkbook-lab-ray", "127.0.0.1", 8265, "python3"),
+              Listener("sparkbook-lab-ray", "10.77.0.11", 8000, "vllm")]
+    assert [(c.node, c.status) for c in checks(p, {"spark-1": fabric})] == [("spark-1", "PASS")]
+    open_ = fabric + [Listener("sparkbook-lab-ray", "0.0.0.0", 43211, "raylet")]
+    got = checks(p, {"spark-1": open_})
+    assert [c.status for c in got] == ["WARN"] and "0.0.0.0:43211 raylet" in got[0].observed
+    exposed = [Listener("sparkbook-lab-ray", "0.0.0.0", 8265, "python3"),
+               Listener("sparkbook-lab-ray", "::", 8000, "vllm")]
+    bad = checks(p, {"spark-1": exposed})
+    assert [c.status for c in bad] == ["FAIL"]
+    assert "8265" in bad[0].observed and "8000" in bad[0].observed
+    asked = lab_like(bind="0.0.0.0")  # serving.bind 0.0.0.0: the API on every interface is what was asked
+    assert [c.status for c in checks(asked, {"spark-1": [Listener("c", "0.0.0.0", 8000, "vllm")]})] == ["PASS"]
+    assert [c.status for c in checks(p, {"spark-2": []})] == ["WARN"]  # nothing read is no proof
+    rows = table(p, {"spark-1": open_}).rows
+    assert ["spark-1", "sparkbook-lab-ray", "127.0.0.1", 8265, "python3", "Ray dashboard and Jobs API", "loopback"] in rows
+    assert rows[-1][-1] == "every interface"
+
+
+def test_04_says_whether_the_images_ray_requires_its_token_and_shows_every_bound_address():
+    from sparkbook.serving.listeners import Listener
+    from sparkbook.serving.ray import RayCluster
+    from sparkbook.steps import ray_cluster
+    p = lab_like()
+    rec = lambda ip: {"ip": ip, "alive": True, "resources": {"CPU": 2, "GPU": 1}}  # noqa: E731
+    up = {"spark-1": rec("10.77.1.11"), "spark-2": rec("10.77.1.12")}
+    bound = {"spark-1": [Listener("sparkbook-lab-ray", "127.0.0.1", 8265, "python3")],
+             "spark-2": [Listener("sparkbook-lab-ray", "10.77.1.12", 40123, "raylet")]}
+    for version, status in (("2.60.0", "PASS"), ("2.49.2", "WARN")):
+        got = {(c.check, c.node): c.status for c in ray_cluster.checks(p, RayCluster(nodes=up, version=version,
+                                                                                     listeners=bound))}
+        assert got[("Ray token authentication", "spark-1")] == status
+        assert got[("bound addresses", "spark-1")] == got[("bound addresses", "spark-2")] == "PASS"
+    assert len(ray_cluster.listeners_table(p, RayCluster(nodes=up, listeners=bound)).rows) == 2

@@ -22,7 +22,7 @@ from sparkbook.parsers import listener
 from sparkbook.runner import run
 from sparkbook.serving import deploy
 from sparkbook.lab.image import build_without_platform
-from sparkbook.serving.commands import RAY_CONTAINER
+from sparkbook.serving.commands import container_name, ray_container
 from sparkbook.serving.inspection import image_checks, inspect_image
 from sparkbook.serving.ray import form_ray_cluster
 from sparkbook.serving.state import node_states
@@ -65,8 +65,11 @@ def wait_for(ready, timeout=90):
         time.sleep(0.5)
 
 
+LAB_RAY = "sparkbook-lab-ray"  # parameters/lab.yaml's deployment is named "lab"
+
+
 def vllm_workers_on(node):
-    return "RayWorker" in docker(node, "top", RAY_CONTAINER, "-eo", "pid,args", check=False).stdout
+    return "RayWorker" in docker(node, "top", LAB_RAY, "-eo", "pid,args", check=False).stdout
 
 
 def container_ids(lab, name):
@@ -80,11 +83,23 @@ def test_ray_path_serves_keeps_restarts_only_vllm_names_a_crash_and_leaves_nothi
     serving = json.loads((tmp_path / "first" / "serving.json").read_text())
     # vLLM's workers are Ray actors, one on each node: the Ray executor really serves across them
     assert serving["executor"] == "ray" and serving["ray_workers"] == {"spark-1": 1, "spark-2": 1}, serving
+    assert ray_container(params) == LAB_RAY
+    # every address bound as asked: the API on the head's management address, Ray's dashboard on
+    # loopback, nothing sparkbook chose on every interface (what Ray binds there is a WARN, said)
+    bound = {(li["address"], li["port"]) for li in serving["listeners"]["spark-1"]}
+    assert {a for a, port in bound if port == params.ports.api} == {"10.77.0.11"}, bound
+    assert {a for a, port in bound if port == params.ports.dashboard} == {"127.0.0.1"}, bound
+    for step in ("04_ray_cluster", "05_serve"):
+        checks = json.loads((tmp_path / "first" / "verdicts" / f"{step}.json").read_text())["checks"]
+        assert {c["node"] for c in checks if c["check"] == "bound addresses"} == {"spark-1", "spark-2"}, step
+        assert not [c for c in checks if c["check"] == "bound addresses" and c["status"] == "FAIL"], checks
+    ray_checks = json.loads((tmp_path / "first" / "verdicts" / "04_ray_cluster.json").read_text())["checks"]
+    assert [c["status"] for c in ray_checks if c["check"] == "Ray token authentication"] == ["PASS"], ray_checks
     chat = _post(f"{params.endpoint}/v1/chat/completions", {
         "model": params.model.path, "max_tokens": 16, "messages": [{"role": "user", "content": "Hi"}],
         "ignore_eos": True})
     assert chat["usage"]["completion_tokens"] == 16
-    ray_ids = container_ids(lab, RAY_CONTAINER)
+    ray_ids = container_ids(lab, LAB_RAY)
     assert all(ray_ids)
 
     assert run(LAB, steps="05", out=tmp_path / "again", report=False)["status"] == "passed"
@@ -94,7 +109,7 @@ def test_ray_path_serves_keeps_restarts_only_vllm_names_a_crash_and_leaves_nothi
     changed = lab_file(tmp_path / "lab-changed.yaml", max_model_len=1024)
     assert run(changed, steps="04,05", out=tmp_path / "changed", report=False)["status"] == "passed"
     assert json.loads((tmp_path / "changed" / "serving.json").read_text())["action"] == "restarted"
-    assert container_ids(lab, RAY_CONTAINER) == ray_ids
+    assert container_ids(lab, LAB_RAY) == ray_ids
 
     # vllm serve dies during start-up inside a live Ray container: the wait ends at once, named,
     # and nothing of it is left holding the Ray workers' GPUs
@@ -104,16 +119,16 @@ def test_ray_path_serves_keeps_restarts_only_vllm_names_a_crash_and_leaves_nothi
     starting = threading.Thread(target=lambda: box.update(dep=deploy.serve(
         params, cluster, tmp_path / "crash", say=lambda *_: None)))
     starting.start()
-    wait_for(lambda: docker(head, "exec", RAY_CONTAINER, "pgrep", "-f", "[V]LLM::EngineCore", check=False).returncode == 0)
-    docker(head, "exec", RAY_CONTAINER, "pkill", "-9", "-f", "[v]llm serve")
+    wait_for(lambda: docker(head, "exec", LAB_RAY, "pgrep", "-f", "[V]LLM::EngineCore", check=False).returncode == 0)
+    docker(head, "exec", LAB_RAY, "pkill", "-9", "-f", "[v]llm serve")
     killed_at = time.monotonic()
     starting.join(params.serving.startup_timeout + 60)
     dep = box["dep"]
     assert not dep.ready and time.monotonic() - killed_at < 60
     failed = {(c.check, c.node): c for c in failures(serve_step.checks(params, dep))}
     assert "serve-exited" in failed[("serving container", "spark-1")].observed, failed
-    assert container_ids(lab, RAY_CONTAINER) == ray_ids  # the Ray cluster lives on
-    assert docker(head, "exec", RAY_CONTAINER, "pgrep", "-r", "D,R,S,T", "-f", "[V]LLM::",
+    assert container_ids(lab, LAB_RAY) == ray_ids  # the Ray cluster lives on
+    assert docker(head, "exec", LAB_RAY, "pgrep", "-r", "D,R,S,T", "-f", "[V]LLM::",
                   check=False).returncode == 1  # no engine left holding the Ray workers' GPUs
 
     assert run(LAB, steps="08", out=tmp_path / "first", report=False)["status"] == "passed"
@@ -194,7 +209,7 @@ def test_mp_tp2_serving_twice_then_teardown_leaves_nothing(lab, mp_file, cluster
         "model": params.model.path, "max_tokens": 16, "messages": [{"role": "user", "content": "Hi"}],
         "ignore_eos": True})
     assert chat["usage"]["completion_tokens"] == 16
-    head_log = cluster.run(["docker", "logs", params.runtime.container_name], [params.head])["spark-1"]
+    head_log = cluster.run(["docker", "logs", container_name(params, False)], [params.head])["spark-1"]
     assert "world_size=2" in head_log.stdout + head_log.stderr
 
     again = tmp_path / "again"
@@ -216,7 +231,7 @@ def test_mp_tp2_serving_twice_then_teardown_leaves_nothing(lab, mp_file, cluster
             docker(node, "tag", "sbk-test-keep:latest", image)
             docker(node, "rmi", "sbk-test-keep:latest", check=False)
             docker(node, "image", "prune", "-f", check=False)
-    assert (tmp_path / "logs" / "spark-2" / "sparkbook-vllm.log").stat().st_size > 0
+    assert (tmp_path / "logs" / "spark-2" / "sparkbook-lab-vllm.log").stat().st_size > 0
     nothing_left(params, cluster)
 
 
@@ -230,15 +245,15 @@ def test_worker_killed_during_startup_fails_naming_it_with_both_logs(lab, mp_fil
                                                                           say=lambda *_: None)))
     serving.start()
     # killed once it runs and has said something: during start-up, not before it
-    while docker(worker, "inspect", "--format", "{{.State.Status}}", params.runtime.container_name,
+    while docker(worker, "inspect", "--format", "{{.State.Status}}", container_name(params, False),
                  check=False).stdout.strip() != "running" and time.monotonic() - t0 < 60:
         time.sleep(0.3)
     while time.monotonic() - t0 < 120:
-        said = docker(worker, "logs", params.runtime.container_name, check=False)
+        said = docker(worker, "logs", container_name(params, False), check=False)
         if (said.stdout + said.stderr).strip():
             break
         time.sleep(1)
-    docker(worker, "kill", params.runtime.container_name)
+    docker(worker, "kill", container_name(params, False))
     serving.join(params.serving.startup_timeout + 60)
     took = time.monotonic() - t0
     dep = box["dep"]
@@ -246,7 +261,7 @@ def test_worker_killed_during_startup_fails_naming_it_with_both_logs(lab, mp_fil
     failed = {(c.check, c.node): c for c in failures(serve_step.checks(params, dep))}
     assert "killed" in failed[("serving container", "spark-2")].observed
     for node in ("spark-1", "spark-2"):
-        assert (tmp_path / "logs" / node / "sparkbook-vllm.log").stat().st_size > 0
+        assert (tmp_path / "logs" / node / "sparkbook-lab-vllm.log").stat().st_size > 0
     assert all(not s.containers for s in node_states(params, cluster).values()), "left running"
 
 
@@ -289,3 +304,18 @@ def test_a_worker_without_the_heads_image_fails_before_anything_starts(lab, para
     for e in (absent, other):
         assert "spark-1" not in str(e.value) and "remedy: run 03_distribute_image" in str(e.value)
     assert all(not c for s in seen.values() for c in s.values()), seen
+
+
+def test_teardown_leaves_another_deployments_container_on_the_same_node(lab, params, cluster, tmp_path):
+    """A second deployment (another name) holds a container on spark-1: 08 of the lab's deployment
+    removes its own and leaves that one running; so does 04's start in place of its own."""
+    head, other = lab.nodes()[0], "sparkbook-other-vllm"
+    docker(head, "run", "-d", "--name", other, "--label", "sparkbook=other", "--network", "none",
+           "--entrypoint", "sleep", params.runtime.image, "600")
+    try:
+        assert run(LAB, steps="03,04", out=tmp_path, report=False)["status"] == "passed"
+        assert run(LAB, steps="08", out=tmp_path, report=False)["status"] == "passed"
+        assert docker(head, "inspect", "--format", "{{.State.Status}}", other).stdout.strip() == "running"
+        nothing_left(params, cluster)  # of this deployment
+    finally:
+        docker(head, "rm", "-f", other, check=False)

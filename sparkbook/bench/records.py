@@ -42,6 +42,7 @@ from typing import Any, Sequence, TypedDict
 
 import numpy as np
 
+from ..redact import mask
 from ..step import Outcome
 from ..tables import Table
 
@@ -254,7 +255,7 @@ class Results(Outcome):
         path = Path(run_dir) / self.FILE
         path.parent.mkdir(parents=True, exist_ok=True)
         self.source = Path(run_dir).name
-        path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        path.write_text(mask(json.dumps(self.to_json(), indent=1)) + "\n")
         rows = [lv.flat() for lv in self.levels]
         Table(list(rows[0]) if rows else ["label"], [list(r.values()) for r in rows]).write_csv(
             path.with_name(CSV))

@@ -3,10 +3,11 @@ copies it to the workers.
 
 ``scripts/hub_download.py`` runs on the head, in a throwaway container of the serving image (which
 has ``huggingface_hub``) as the SSH user, so the files belong to that user, not to root; with
-``runtime.kind: venv``, with the venv's python. The token travels in a mode-600 file on the head
-(``--env-file``, removed right after), never on a command line; ``HF_ENDPOINT`` of this machine's
-environment (a mirror, or the lab's local hub) is passed on. The download resumes where a previous
-run stopped and fetches nothing that is already there (see the script).
+``runtime.kind: venv``, with the venv's python. The token travels in a mode-600 file in the head's
+private working folder (:mod:`sparkbook.workdir`; ``--env-file``, removed right after), never on a
+command line; ``HF_ENDPOINT`` of this machine's environment (a mirror, or the lab's local hub) is
+passed on. The download resumes where a previous run stopped and fetches nothing that is already
+there (see the script).
 """
 
 from __future__ import annotations
@@ -21,21 +22,33 @@ from ..errors import CheckFailed
 from ..params import Params
 from ..progress import Progress, bar
 from ..redact import mask
-from ..remote import REMOTE_DIR, SCRIPTS, Cluster, command_line, sh
+from ..remote import Cluster
 from ..scripts.hub_download import parse_line
 from ..serving.commands import token
-from ..serving.containers import LABEL, token_file, with_entrypoint
+from ..serving.containers import deployment_label, named, owner_label, token_file, with_entrypoint
+from ..serving.state import remove
+from ..shell import SCRIPTS, command_line, sh
 from ..tables import human_bytes
 from ..verdict import FAIL, PASS, SKIP, Check
+from ..workdir import prepare as prepare_workdir
+from ..workdir import workdir
 from .lines import Lines
 
 SCRIPT = SCRIPTS / "hub_download.py"
 SHOWN_SCRIPT = '"$(cat sparkbook/scripts/hub_download.py)"'
-TOKEN_FILE = f"{REMOTE_DIR}/hub.env"   # the token, mode 600, removed once the download ends
-CONTAINER = "sparkbook-hub-download"
 CHECK = "model from the hub"
 
 Say = Callable[[str], object]
+
+
+def token_path(params: Params) -> str:
+    """The token's file on the head (mode 600, removed once the download ends)."""
+    return f"{workdir(params, params.head)}/hub.env"
+
+
+def container(params: Params) -> str:
+    """The download's throwaway container: this deployment's, no other's."""
+    return named(params, "hub-download")
 
 
 @dataclass
@@ -82,8 +95,8 @@ def download_command(params: Params, user: str, env_file: str | None, program: s
         env = ["env", f"HF_ENDPOINT={endpoint}"] if endpoint else []
         return [*env, f"{rt.venv}/bin/python", "-c", program,
                 *(["--env-file", env_file] if env_file else []), *args]
-    cmd = ["docker", "run", "--rm", "--pull", "never", "--name", CONTAINER,
-           "--label", f"{LABEL}={params.name}", "--network", "host", "--user", user,
+    cmd = ["docker", "run", "--rm", "--pull", "never", "--name", container(params),
+           "--label", deployment_label(params), "--label", owner_label(params.head), "--network", "host", "--user", user,
            *rt.docker_args, "-v", f"{m.path}:{m.path}", "-e", "HOME=/tmp"]
     if endpoint:
         cmd += ["-e", f"HF_ENDPOINT={endpoint}"]
@@ -100,10 +113,9 @@ def shown(cmd: list[str], program: str) -> str:
 def prepare(params: Params, cluster: Cluster) -> tuple[str | None, str | None]:
     """The model folder made on the head as the SSH user (so that Docker does not make it as root),
     a leftover download container removed; ``(UID:GID, None)`` or ``(None, what failed)``."""
-    line = sh("mkdir -p -- {p} && id -u && id -g", p=params.model.path)
-    if params.runtime.kind == "docker":
-        line += sh(" && (docker rm -f {c} >/dev/null 2>&1 || true)", c=CONTAINER)
-    r = cluster.run_on(params.head, line, timeout=60)
+    if params.runtime.kind == "docker":  # a leftover of an interrupted download (ours only)
+        cluster.run_on(params.head, remove(params, container(params))(params.head), timeout=60)
+    r = cluster.run_on(params.head, sh("mkdir -p -- {p} && id -u && id -g", p=params.model.path), timeout=60)
     ids = r.stdout.split()
     if not r.ok or len(ids) != 2:
         return None, r.summary()
@@ -122,14 +134,16 @@ def fetch_model(params: Params, cluster: Cluster, say: Say = print, show: bool =
         out.command = f"mkdir -p -- {shlex.quote(m.path)}"
         return out
     secret = token(params)
-    env_file = TOKEN_FILE if secret else None
+    env_file = token_path(params) if secret else None
     program = SCRIPT.read_text()
     cmd = download_command(params, user, env_file, program)
     out.command = shown(cmd, program)
     say(f"downloading {m.name} at {m.revision or 'the default branch'} from "
         f"{out.endpoint or 'the hub'} into {m.path} on {head.name}")
     try:
-        with (token_file(cluster, [head], TOKEN_FILE, secret),
+        if secret:
+            prepare_workdir(params, cluster, [head])
+        with (token_file(cluster, [head], token_path(params), secret),
               Progress(f"{m.name} from {out.endpoint or 'the hub'}") as progress):
             def each(line: str) -> None:
                 got = parse_line(line)

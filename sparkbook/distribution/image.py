@@ -6,7 +6,10 @@ load`` per worker the head feeds, over the fabric, without a file on either side
 ``distribution.parallel`` workers; beyond that, workers pass the stream on to the rest (a tree,
 :func:`relay_plan`). Each worker's stream leaves out the layers that worker already holds (see the
 script for why ``docker load`` accepts that), so a new nightly that shares its base costs only its
-new layers. Or, for nodes that can reach a registry, ``docker pull`` on every node.
+new layers. Or, for nodes that can reach a registry, ``docker pull`` on every node. A worker that
+takes no data for :data:`~.lines.STALL_S` (SSH between nodes with keepalives) fails by name and
+holds no other back. The scripts live in each node's private working folder
+(:mod:`sparkbook.workdir`).
 
 :func:`distribute_image` never raises for one node's failure (:func:`image_checks` fails on it);
 :func:`ensure_image` is the form for steps that need the image before their work.
@@ -20,20 +23,27 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, TypedDict
 
+from ..errors import CheckFailed
 from ..params import Node, Params
 from ..parsers import parse_sections
 from ..progress import Progress, bar
-from ..remote import REMOTE_DIR, SCRIPTS, Cluster, Script, peer_ssh, script
+from ..remote import Cluster
 from ..scripts.layerstore import chain_ids
 from ..settings import relay_plan
+from ..shell import SCRIPTS, Script, peer_ssh, script
 from ..tables import Table, human_bytes, short_id
 from ..verdict import FAIL, PASS, WARN, Check, Verdict
-from .lines import Lines, number
+from ..workdir import prepare, workdir
+from .lines import STALL_S, Lines, number
 
-STREAM_SCRIPTS = ("imagestream.py", "layerstore.py")  # copied to the head and the relays
-STREAM = f"{REMOTE_DIR}/imagestream.py"  # with layerstore.py next to it, on the head and every relay
+STREAM_SCRIPTS = ("imagestream.py", "layerstore.py", "savearchive.py")  # to the head and the relays
 
 Say = Callable[[str], object]
+
+
+def stream_path(params: Params, node: Node) -> str:
+    """imagestream.py on ``node`` (the other :data:`STREAM_SCRIPTS` next to it): the head and every relay."""
+    return f"{workdir(params, node)}/imagestream.py"
 
 
 # ----------------------------------------------------------------------------------------- survey
@@ -224,7 +234,8 @@ def choose_compression(params: Params, cluster: Cluster, head: NodeImage,
         return True, {"decision": "on (parameter)"}
     direct = workers[:params.distribution.parallel]
     spec = {"workers": [{"name": w.name, "ssh": peer_ssh(w)} for w in direct]}
-    r = cluster.run_on(params.head, ["python3", STREAM, "probe", json.dumps(spec)], timeout=120)
+    r = cluster.run_on(params.head, ["python3", stream_path(params, params.head), "probe", json.dumps(spec)],
+                       timeout=120)
     found = re.search(r"^PROBE (.*)$", r.stdout, re.M)
     if not r.ok or not found:
         return False, {"decision": "off: the probe failed", "error": r.summary()}
@@ -240,20 +251,23 @@ def choose_compression(params: Params, cluster: Cluster, head: NodeImage,
 def stream_spec(params: Params, workers: list[Node], nodes: dict[str, NodeImage], compress: bool,
                 plan: dict[str, list[str]]) -> dict:
     """``imagestream.py stream``'s spec: the tree of ``plan``, each worker with the chains it holds
-    (none where its Docker cannot load a partial archive) and the SSH command that reaches it (run by
-    its feeder); where the head reads the image."""
+    (none where its Docker cannot load a partial archive), the SSH command that reaches it (run by
+    its feeder) and, for a relay, where the stream script is there; where the head reads the image,
+    and how long a worker may take no data."""
     head, by_name = nodes[params.head.name], {w.name: w for w in workers}
     store = head.store if params.distribution.reader != "docker-save" else None
     if store and params.distribution.reader == "container":
         store = {**store, "via": "container"}
 
     def sink(name: str) -> dict:
-        mine = nodes[name]
+        mine, feeds = nodes[name], plan.get(name, [])
         return {"name": name, "ssh": peer_ssh(by_name[name]), "zstd": compress,
                 "have": mine.held(head.layers) if mine.skips_layers else [],
-                "feeds": [sink(n) for n in plan.get(name, [])]}
+                "feeds": [sink(n) for n in feeds],
+                **({"program": stream_path(params, by_name[name])} if feeds else {})}
 
     return {"image": params.runtime.image, "from": params.head.name, "store": store,
+            "deployment": params.name, "stall_s": STALL_S,
             "workers": [sink(n) for n in plan.get(params.head.name, [])]}
 
 
@@ -278,11 +292,21 @@ def _transfer(worker: NodeImage, compress: bool, seconds: float, end: StreamEnd 
 
 
 def place_streamers(params: Params, cluster: Cluster, workers: list[Node], say: Say) -> dict[str, list[str]]:
-    """The stream scripts onto the head and the relays of :func:`relay_plan` over ``workers``; the
-    plan. A relay they cannot be copied to leaves the tree: the head then feeds every worker itself."""
+    """The stream scripts into the working folder of the head and of the relays of
+    :func:`relay_plan` over ``workers``; the plan. A relay they cannot be copied to leaves the tree:
+    the head then feeds every worker itself."""
     head = params.head.name
     plan = relay_plan(head, [w.name for w in workers], params.distribution.parallel)
-    copies = [cluster.put(SCRIPTS / name, f"{REMOTE_DIR}/{name}", list(plan)) for name in STREAM_SCRIPTS]
+    prepare(params, cluster, [params.head])
+    relays = [params.node(n) for n in plan if n != head]
+    try:
+        if relays:
+            prepare(params, cluster, relays)
+    except CheckFailed as e:
+        say(f"{e}: the head feeds every worker itself")
+        plan = {head: [w.name for w in workers]}
+    copies = [cluster.put(SCRIPTS / name, lambda n, name=name: f"{workdir(params, n)}/{name}", list(plan))
+              for name in STREAM_SCRIPTS]
     bad = sorted({r.node for res in copies for r in res.failed()})
     if head in bad:
         next(res for res in copies if not res.ok).check("copy the image stream scripts to the head")
@@ -318,7 +342,7 @@ def stream_from_head(params: Params, cluster: Cluster, workers: list[Node], node
                 progress.update(name, bar(number(sent), max(number(expected), number(sent)), start)
                                 + f"  (on the wire {human_bytes(number(wire))})")
 
-        r = cluster.run_on(params.head, ["python3", STREAM, "stream", json.dumps(spec)],
+        r = cluster.run_on(params.head, ["python3", stream_path(params, params.head), "stream", json.dumps(spec)],
                            timeout=params.distribution.timeout_s, stream=Lines(each))
     took = time.monotonic() - start
     transfers = []
@@ -385,7 +409,8 @@ def image_checks(params: Params, out: ImageOutcome) -> list[Check]:
     for node in params.nodes:
         got = out.after.get(node.name)
         t = by_node.get(node.name)
-        relayed = (f" | ssh {params.node(t.via).peer_target} python3 {STREAM} relay SPEC" if t and t.via else "")
+        relayed = (f" | ssh {params.node(t.via).peer_target} python3 {stream_path(params, params.node(t.via))} "
+                   "relay SPEC" if t and t.via else "")
         cmd = (f"({t.read_from or 'docker save'} of {out.image}){relayed} | ssh {node.peer_target} docker load" if t else
                f"docker pull {out.image}" if out.source == "registry" else
                f"docker image inspect {out.image}")

@@ -1,9 +1,13 @@
-"""Reading a copy's progress while it runs: whole lines of a streamed command, and the numbers in
-them."""
+"""A copy's progress while it runs: whole lines of a streamed command and the numbers in them; and
+how long a node-to-node copy may go without any before it fails."""
 
 from __future__ import annotations
 
 from typing import Callable
+
+# A copy to one worker that moves no data for this long fails, by name, and the others go on: the
+# image stream's per-worker writers, and rsync's --timeout for the model.
+STALL_S = 120
 
 
 class Lines:

@@ -1,10 +1,16 @@
-"""The head's model on every node, sending only the files that differ.
+"""The head's model on every node, sending only the files that differ, deleting nothing that
+sparkbook did not put there.
 
 The manifest preflight reads (:mod:`sparkbook.manifest`, which leaves out ``.cache/huggingface``,
-a download's bookkeeping: never compared, copied or deleted) on every node; where a worker's differs
-from the head's, ``scripts/model_sync.sh`` on the head runs rsync over the fabric to every such
-worker at once, sending the differing files only (resumable: partial files wait in a side folder,
-never under their real name), then the workers' manifests are compared again.
+a download's bookkeeping, and the sync's partial files: never compared, copied or deleted) on every
+node; where a worker's differs from the head's, ``scripts/model_sync.sh`` on the head runs rsync
+over the fabric to every such worker at once, sending the differing files only (resumable: partial
+files wait in a side folder, never under their real name, and the next 03 continues them; a copy
+that moves nothing for :data:`~.lines.STALL_S` fails by name), then the workers' manifests are
+compared again. Files a worker holds under ``model.path`` that the head lacks (another model in the
+same folder, the user's own files) are never copied over nor deleted: 03 reports them as a WARN,
+and deletes them only with ``distribution.delete_extras: true``, naming each one
+(``scripts/model_prune.sh``, which touches nothing outside the model folder).
 """
 
 from __future__ import annotations
@@ -14,17 +20,20 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from ..manifest import Manifest, describe_differences, manifest_differences, manifest_script, parse_manifest
+from ..manifest import (PARTIAL_DIR, Manifest, describe_differences, manifest_differences, manifest_script,
+                        parse_manifest, split_extras)
 from ..params import Node, Params
 from ..progress import Progress
-from ..remote import Cluster, Script, command_line, peer_ssh, script
+from ..remote import Cluster
 from ..settings import relay_plan
+from ..shell import Script, command_line, peer_ssh, script
 from ..tables import Table, human_bytes
-from ..verdict import FAIL, PASS, Check
-from .lines import Lines, number
+from ..verdict import FAIL, PASS, WARN, Check
+from .lines import STALL_S, Lines, number
 
-PARTIAL_DIR = ".sparkbook-partial"
 SHOWN_FILES = 3  # files named in a check's command; the count of the others follows
+SHOWN_EXTRAS = 5  # extra files named in a check; the count of the others follows
+RSYNC_TIMEOUT = 30  # rsync's exit status when --timeout passed without data (rsync(1), EXIT VALUES)
 
 Differences = dict[str, str]  # relative path -> what differs (manifest_differences)
 
@@ -47,6 +56,10 @@ class ModelOutcome:
     synced: dict[str, ModelCopy] = field(default_factory=dict)
     unreadable: dict[str, str] = field(default_factory=dict)     # worker -> why its manifest is missing
     head_error: str | None = None
+    delete_extras: bool = False                                  # distribution.delete_extras
+    extras: dict[str, dict[str, int]] = field(default_factory=dict)   # worker -> kept extra -> size
+    deleted: dict[str, dict[str, int]] = field(default_factory=dict)  # worker -> deleted extra -> size
+    not_deleted: dict[str, str] = field(default_factory=dict)    # worker -> why some extras stayed
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -79,12 +92,17 @@ def differences(params: Params, found: dict[str, Manifest | None | str],
 
 def sync_script(params: Params, files: dict[str, list[str]], source: Node | None = None) -> Script:
     """``model_sync.sh`` on ``source`` (the head by default): ``files`` (worker -> relative names)
-    to each worker over the fabric (SSH's options are the same for every node: only the target
-    differs)."""
-    args: list[object] = [params.model.path, command_line(peer_ssh(source or params.head)[:-1]), PARTIAL_DIR]
+    to each worker over the fabric, each through its own SSH command (with keepalives)."""
+    args: list[object] = [params.model.path, PARTIAL_DIR, STALL_S]
     for name, names in files.items():
-        args += [name, params.node(name).peer_target, len(names), *names]
+        worker = params.node(name)
+        args += [name, worker.peer_target, command_line(peer_ssh(worker)[:-1]), len(names), *names]
     return script("model_sync.sh", *args)
+
+
+def prune_script(params: Params, names: list[str]) -> Script:
+    """``model_prune.sh`` on a worker: delete ``names`` (extras, relative to ``model.path``)."""
+    return script("model_prune.sh", params.model.path, *names)
 
 
 def sync_rounds(params: Params, workers: list[str]) -> list[dict[str, list[str]]]:
@@ -102,20 +120,44 @@ def sync_rounds(params: Params, workers: list[str]) -> list[dict[str, list[str]]
 
 def sync_model(params: Params, cluster: Cluster, say: Callable[[str], object] = print,
                show: bool = True) -> ModelOutcome:
-    """Copy the differing model files from the head to each worker that differs, along
-    :func:`sync_rounds` (a worker whose copy failed hands its workers back to the head), then
-    compare the manifests again."""
-    out = ModelOutcome(params.model.path, params.distribution.model_sync)
+    """Copy the missing and differing model files from the head to each worker that needs them,
+    along :func:`sync_rounds` (a worker whose copy failed hands its workers back to the head);
+    delete the workers' extras only with ``distribution.delete_extras``; then compare the
+    manifests again."""
+    out = ModelOutcome(params.model.path, params.distribution.model_sync,
+                       delete_extras=params.distribution.delete_extras)
     found = manifests(params, cluster)
     out.before = differences(params, found, out)
-    if out.head_error or not out.enabled:
+    if out.head_error:
         out.after = out.before
         return out
-    todo = {w: list(d) for w, d in out.before.items() if d}
-    if not todo:
-        say(f"the model at {params.model.path} is identical on every node: nothing to copy")
-        out.after = out.before
-        return out
+    todo = {w: list(wrong) for w, d in out.before.items() if (wrong := split_extras(d)[0])}
+    extra = {w: names for w, d in out.before.items() if (names := split_extras(d)[1])}
+    if out.enabled and not todo:
+        say(f"every worker holds the head's files in {params.model.path}: nothing to copy")
+    if out.enabled and todo:
+        copy_files(params, cluster, todo, out, say, show)
+    if out.enabled and out.delete_extras and extra:
+        delete_extras(params, cluster, extra, found, out, say)
+    changed = (set(todo) | set(out.deleted)) if out.enabled else set()
+    out.unreadable = {}
+    if changed:  # the head and the others did not change
+        found.update(manifests(params, cluster, [params.node(w) for w in changed]))
+    out.after = differences(params, found, out)
+    out.extras = {w: sizes(found, w, names) for w, d in out.after.items() if (names := split_extras(d)[1])}
+    return out
+
+
+def sizes(found: dict[str, Manifest | None | str], node: str, names: list[str]) -> dict[str, int]:
+    """``{name: size}`` of ``names`` in ``node``'s manifest."""
+    m = found.get(node)
+    return {n: m[n]["size"] for n in names if n in m} if isinstance(m, dict) else {}
+
+
+def copy_files(params: Params, cluster: Cluster, todo: dict[str, list[str]], out: ModelOutcome,
+               say: Callable[[str], object], show: bool) -> None:
+    """rsync of ``todo`` (worker -> the files it lacks or holds differently) round by round;
+    each worker's copy in ``out.synced``."""
     for w, names in todo.items():
         say(f"{w}: {len(names)} file(s) differ from the head: {', '.join(names[:5])}"
             + (" ..." if len(names) > 5 else ""))
@@ -140,6 +182,8 @@ def sync_model(params: Params, cluster: Cluster, say: Callable[[str], object] = 
                         re.finditer(r"^DONE (\S+) (\d+) ?(.*)$", res[source].stdout, re.M)}
                 for w in fed:
                     code, seen = ends.get(w, (None, res[source].summary()))
+                    if code == RSYNC_TIMEOUT:
+                        seen = f"no data moved for {STALL_S} s: {w} or the link to it is stuck ({seen})"
                     more = len(todo[w]) - SHOWN_FILES
                     shown = (f"on {source}: " + str(sync_script(params, {w: todo[w][:SHOWN_FILES]}, params.node(source)))
                              + (f"  # and {more} more files" if more > 0 else ""))
@@ -148,15 +192,36 @@ def sync_model(params: Params, cluster: Cluster, say: Callable[[str], object] = 
                                               shown)
                     if code != 0:
                         failed.add(w)
-    out.unreadable = {}
-    # the head and the others did not change
-    found.update(manifests(params, cluster, [params.node(w) for w in todo]))
-    out.after = differences(params, found, out)
-    return out
+
+
+def delete_extras(params: Params, cluster: Cluster, extra: dict[str, list[str]],
+                  found: dict[str, Manifest | None | str], out: ModelOutcome, say: Callable[[str], object]) -> None:
+    """``distribution.delete_extras``: each worker's extras deleted (``model_prune.sh``, nothing
+    outside the model folder); what was deleted in ``out.deleted``, why any stayed in
+    ``out.not_deleted``."""
+    res = cluster.run(lambda n: prune_script(params, extra[n.name]), list(extra), timeout=300)
+    for w, r in res.items():
+        gone = [line.split("\t")[1] for line in r.stdout.splitlines() if line.startswith("DELETED\t")]
+        kept = [line.split("\t")[1:] for line in r.stdout.splitlines() if line.startswith("KEPT\t")]
+        if gone:
+            out.deleted[w] = sizes(found, w, gone)
+            say(f"{w}: deleted {len(gone)} file(s) the head lacks (distribution.delete_extras): "
+                + listing(out.deleted[w], None))
+        if kept or not r.ok:
+            out.not_deleted[w] = "; ".join(f"{n}: {why}" for n, why, *_ in kept) or r.summary()
+
+
+def listing(files: dict[str, int], shown: int | None = SHOWN_EXTRAS) -> str:
+    """``3 file(s), 1.2 GiB: a, b, c`` with at most ``shown`` names (None: all), then how many more."""
+    names = sorted(files)
+    more = len(names) - shown if shown is not None else 0
+    return (f"{len(names)} file(s), {human_bytes(sum(files.values()))}: " + ", ".join(names[:shown])
+            + (f" and {more} more" if more > 0 else ""))
 
 
 def model_checks(params: Params, out: ModelOutcome) -> list[Check]:
-    """The model on the head, then every worker's files against the head's manifest."""
+    """The model on the head, then every worker's files against the head's manifest, and the files
+    a worker holds that the head lacks (kept: WARN; deleted: named)."""
     if out.head_error:
         fix = ("see the row 'model from the hub': once it passes, 03 copies the model to the workers"
                if params.model.source == "hf" else
@@ -170,7 +235,7 @@ def model_checks(params: Params, out: ModelOutcome) -> list[Check]:
                             "the head's manifest", "check the node (01_preflight)"))
     for w, found in out.after.items():
         synced = out.synced.get(w)
-        diffs = describe_differences(found)
+        diffs = describe_differences(split_extras(found)[0])
         if not diffs:
             how = f"copied {synced.files} differing file(s)" if synced else "identical to the head's"
             checks.append(Check("model files", w, PASS, how, "the head's manifest"))
@@ -184,6 +249,27 @@ def model_checks(params: Params, out: ModelOutcome) -> list[Check]:
                                 "check the worker's free disk space and head-to-worker SSH on the "
                                 "fabric (01_preflight), then run 03 again: rsync resumes the partial "
                                 "files", synced.command if synced else ""))
+        checks += extra_checks(params, out, w)
+    return checks
+
+
+def extra_checks(params: Params, out: ModelOutcome, worker: str) -> list[Check]:
+    """What ``worker`` holds under ``model.path`` that the head lacks: deleted (named, as asked by
+    ``distribution.delete_extras``), or kept (a WARN naming them)."""
+    checks = []
+    expected = f"only the head's files in {params.model.path}"
+    if worker in out.deleted:
+        checks.append(Check("extra model files", worker, PASS,
+                            f"deleted (distribution.delete_extras) {listing(out.deleted[worker], None)}", expected))
+    if worker in out.extras:
+        why = f"; not deleted: {out.not_deleted[worker]}" if worker in out.not_deleted else ""
+        checks.append(Check(
+            "extra model files", worker, WARN, f"kept {listing(out.extras[worker])}{why}", expected,
+            "files the head lacks are never deleted by default (the folder may hold other models or "
+            "your own files), but vLLM reads the whole folder: move them out of model.path, or set "
+            "distribution.delete_extras: true and run 03 again to delete them (each one is named here)",
+            command_line(prune_script(params, sorted(out.extras[worker])[:SHOWN_FILES]))
+            + f"  # on {worker}, with distribution.delete_extras"))
     return checks
 
 
@@ -192,7 +278,12 @@ def model_table(out: ModelOutcome) -> Table:
         lines = describe_differences(diffs)
         return "; ".join(lines[:3]) + (f" (+{len(lines) - 3})" if len(lines) > 3 else "") or "identical"
 
-    rows = [[w, shown(d), out.synced[w].files if w in out.synced else 0, shown(out.after.get(w, {}))]
+    def extras(w: str) -> str:
+        return "; ".join(f"{verb} {len(files)} ({human_bytes(sum(files.values()))})"
+                         for verb, files in (("deleted", out.deleted.get(w)), ("kept", out.extras.get(w))) if files)
+
+    rows = [[w, shown(d), out.synced[w].files if w in out.synced else 0, shown(out.after.get(w, {})), extras(w)]
             for w, d in out.before.items()]
-    return Table(["worker", "before: differences from the head", "files copied", "after"], rows,
+    return Table(["worker", "before: differences from the head", "files copied", "after",
+                  "files the head lacks"], rows,
                  title=f"model {out.path}" + ("" if out.enabled else " (sync off)"))

@@ -26,7 +26,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from ..serving.commands import RAY_CONTAINER
+from ..serving.commands import container_name
 from .lab import Lab
 from .nodes import FABRIC_MTU, FABRIC_NS, FAULTS, MGMT_IF, PREFIX, RAILS, LabError, LabNode, docker, sh
 
@@ -105,7 +105,7 @@ def apply(lab: Lab, kind: str, node: str | None = None, port: int | None = None,
         cfg.write_text(json.dumps(data, indent=2))
         rec["file"], rec["backup"] = str(cfg), str(backup)
     elif kind == "stall":
-        rec["pids"] = _vllm_pids(target, params.runtime.container_name)
+        rec["pids"] = _vllm_pids(target, container_name(params, False), container_name(params, True))
         if not rec["pids"]:
             raise LabError(f"{target.name}: no vLLM process to freeze (apply `stall` once 05 has started vLLM)")
         lab.node_sh(target, shlex.join(["kill", "-STOP", *map(str, rec["pids"])]))
@@ -155,7 +155,7 @@ def _undo(lab: Lab, rec: dict) -> None:
     elif kind == "rail-down":
         sh("ip", "-n", ns, "link", "set", rec["rail"], "up")
     elif kind == "docker-down":
-        lab._start_dockerd(node)
+        lab._start_dockerd(node, lambda *made: None)  # recorded at `up` already
         lab._wait_docker(node)
     elif kind == "port-busy":
         lab.node_sh(node, f"kill {int(rec['pid'])}", check=False)
@@ -183,11 +183,11 @@ def _undo(lab: Lab, rec: dict) -> None:
 RAY_OWN = re.compile(r"raylet|gcs_server|dashboard|log_monitor|monitor\.py|runtime_env|ray start|ray::IDLE")
 
 
-def _vllm_pids(node: LabNode, serve_container: str) -> list[int]:
+def _vllm_pids(node: LabNode, serve_container: str, ray_container: str) -> list[int]:
     """vLLM's processes on ``node`` (PIDs of its PID namespace): every process of the mp serving
     container, and those of the Ray container that are not Ray's own."""
     pids = []
-    for container in (serve_container, RAY_CONTAINER):
+    for container in (serve_container, ray_container):
         r = docker(node, "top", container, "-eo", "pid,args", check=False)
         for line in r.stdout.splitlines()[1:] if r.returncode == 0 else []:
             pid, _, args = line.strip().partition(" ")

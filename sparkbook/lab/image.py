@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from . import host
 from .nodes import LAB_HOME, PREFIX, RUN, LabError, LabNode, docker_at, running_nodes, sh
 
 VLLM_VERSION = "0.32.0"
@@ -153,11 +154,13 @@ def daemon(say=print) -> Iterator[Path]:
     head.data_root.mkdir(parents=True, exist_ok=True)
     IMAGE_DIR.mkdir(parents=True, exist_ok=True)
     sock = run / "docker.sock"
+    cgroup = {"kind": "cgroup", "name": f"{PREFIX}-build"}
+    had_cgroup = bool(host.cgroup_dirs(cgroup["name"]))
     log = open(IMAGE_DIR / "dockerd.log", "w")
     proc = subprocess.Popen(
         ["dockerd", "--data-root", str(head.data_root), "--exec-root", str(run / "exec"),
          "--pidfile", str(run / "docker.pid"), "--host", f"unix://{sock}", "--bridge", "none",
-         "--iptables=false", "--ip-masq=false", "--ip-forward=false", "--cgroup-parent", f"{PREFIX}-build"],
+         "--iptables=false", "--ip-masq=false", "--ip-forward=false", "--cgroup-parent", cgroup["name"]],
         stdout=log, stderr=log, stdin=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
@@ -174,6 +177,8 @@ def daemon(say=print) -> Iterator[Path]:
             proc.kill()
             proc.wait()
         shutil.rmtree(run, ignore_errors=True)
+        if not had_cgroup:  # the daemon made it for the build's containers
+            host.remove(cgroup)
 
 
 def _labels(sock: Path, image: str) -> dict | None:

@@ -11,7 +11,8 @@ Only GPU and RDMA tools are simulated (sparkbook/lab/simhw.py, on the node's PAT
 Layout on the machine:
   $SPARKBOOK_LAB_HOME (default ~/.cache/sparkbook/lab)
     id_ed25519, known_hosts   the operator's key and the lab's host keys (parameters/lab.yaml)
-    lab.json                  what is up: nodes, init pids, faults
+    lab.json                  what is up: nodes, init pids, faults, and what `lab up` made on
+                              this machine (the only things `lab down` removes: host.py)
     docker-head/              the head's Docker data root: kept across up/down, holds the image
     nodes/<name>/             per node: sshd, state.json, bin/, hosts, ssh/, models/, docker/
   /run/sparkbook-lab/<name>/  per node: Docker sockets, exec root and pid files
@@ -26,13 +27,18 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
-
+from typing import Iterator
 
 from ..params import Params, validate
 from ..sshd import SshServer, keygen
+from . import host
+from .host import links as _links  # by this name: tests replace it
 from .image import ensure
 from .nodes import (BASHRC, FABRIC_MTU, FABRIC_NS, LAB_HOME, MAX_NODES, MGMT_BRIDGE, MGMT_IF, MGMT_NET,
                     NICS, PREFIX, RAILS, RUN, SIMULATED_TOOLS, LabError, LabNode, docker, lab_nodes,
@@ -113,6 +119,10 @@ class Lab:
                            "node has its own there (set SPARKBOOK_LAB_HOME elsewhere)")
         _require("ip", "nsenter", "unshare", "dockerd", "docker", "tc", "ssh-keygen", "/usr/sbin/sshd")
         st = self.state()
+        if st and st.get("down_failed"):  # an earlier `lab down` left some of what the lab made
+            say("lab: an earlier `lab down` did not finish; finishing it first")
+            self.down(say=say)
+            st = None
         if st:
             if len(st["nodes"]) != n:
                 raise LabError(f"a lab of {len(st['nodes'])} nodes is up: `sparkbook lab down` first")
@@ -127,43 +137,56 @@ class Lab:
                 return params_file(n)
             say("lab: the lab is unhealthy (" + "; ".join(problems) + "); rebuilding it")
             self.down(say=say)
+        host.require_free(lab_nodes(n))
         params = validate(lab_params(n), "lab parameters")
         t0 = time.monotonic()
         model_dir = ensure(params.runtime.image, say=say)
+        state = {"nodes": {}, "faults": [], "made": [], "image": params.runtime.image}
         try:
-            self._up(lab_nodes(n), params, model_dir, say)
+            self._up(lab_nodes(n), params, model_dir, state, say)
         except BaseException:
             say("lab: start-up failed; removing what was made")
-            self.down(say=lambda *_: None)
+            try:
+                self.down(say=lambda *_: None)
+            except LabError as e:
+                say(str(e))
             raise
         say(f"lab: {n} nodes up in {time.monotonic() - t0:.1f} s")
         return params_file(n)
 
-    def _up(self, nodes: list[LabNode], params: Params, model_dir: Path, say) -> None:
-        state = {"nodes": {}, "faults": [], "created": [], "image": params.runtime.image}
-        self._save(state)  # from here on, `down` knows what to remove
+    def _up(self, nodes: list[LabNode], params: Params, model_dir: Path, state: dict, say) -> None:
+        # Each thing is recorded right after it is made (never before: a failed `ip link add` must
+        # not make `down` remove a link of that name that someone else has).
+        def made(kind: str, name) -> None:
+            state["made"].append({"kind": kind, "name": str(name)})
+            self._save(state)
+
+        self._save(state)
         key = keygen(self.home / "id_ed25519", "sparkbook-lab")
+        # /run/sparkbook-lab is the lab's own name (the image build uses it too): removed when empty
         RUN.mkdir(parents=True, exist_ok=True)
+        made("path", RUN)
         # Mount points the nodes bind their own directories onto.
         models_mount = Path(params.model.path).parent
         for mp in (models_mount, Path("/root/.ssh")):
             if not mp.exists():
                 mp.mkdir(parents=True)
-                state["created"].append(str(mp))
+                made("path", mp)
         if not BASHRC.exists():
             BASHRC.touch()
-            state["created"].append(str(BASHRC))
-        self._save(state)
-        self._networks()
+            made("path", BASHRC)
+        self._networks(made)
+        (self.home / "nodes").mkdir(parents=True, exist_ok=True)
+        made("tree", self.home / "nodes")
         servers = {}
         for node in nodes:
-            self._prepare(node, nodes, params, model_dir, key)
+            self._prepare(node, nodes, params, model_dir, key, made)
             launcher, init = self._start_init(node, models_mount)
             state["nodes"][node.name] = {"init_pid": init, "launcher_pid": launcher,
                                          "mgmt_ip": node.mgmt_ip}
             self._save(state)
             servers[node.name] = self._start_sshd(node, key)
-            self._start_dockerd(node)
+            self._start_dockerd(node, made)
         with ThreadPoolExecutor(max_workers=8) as pool:
             list(pool.map(self._wait_docker, nodes))
         head = nodes[0]
@@ -177,22 +200,24 @@ class Lab:
         say(f"lab: nodes {', '.join(n.name for n in nodes)} answer on SSH and Docker; "
             f"image {params.runtime.image} on {head.name} only")
 
-    def _networks(self) -> None:
-        """The management bridge (on this machine) and the fabric switch (its own namespace)."""
-        if sh("ip", "link", "show", MGMT_BRIDGE, check=False).returncode != 0:
-            sh("ip", "link", "add", MGMT_BRIDGE, "type", "bridge")
-            sh("ip", "addr", "add", f"{MGMT_NET}.1/24", "dev", MGMT_BRIDGE)
-            sh("ip", "link", "set", MGMT_BRIDGE, "up")
-        if FABRIC_NS not in _netns():
-            sh("ip", "netns", "add", FABRIC_NS)
-            for r in range(len(RAILS)):
-                br = f"{PREFIX}-rail{r}"
-                sh("ip", "-n", FABRIC_NS, "link", "add", br, "type", "bridge")
-                sh("ip", "-n", FABRIC_NS, "link", "set", br, "mtu", str(FABRIC_MTU), "up")
+    def _networks(self, made) -> None:
+        """The management bridge (on this machine) and the fabric switch (its own namespace; its
+        bridges go with it)."""
+        sh("ip", "link", "add", MGMT_BRIDGE, "type", "bridge")
+        made("link", MGMT_BRIDGE)
+        sh("ip", "addr", "add", f"{MGMT_NET}.1/24", "dev", MGMT_BRIDGE)
+        sh("ip", "link", "set", MGMT_BRIDGE, "up")
+        sh("ip", "netns", "add", FABRIC_NS)
+        made("netns", FABRIC_NS)
+        for r in range(len(RAILS)):
+            br = f"{PREFIX}-rail{r}"
+            sh("ip", "-n", FABRIC_NS, "link", "add", br, "type", "bridge")
+            sh("ip", "-n", FABRIC_NS, "link", "set", br, "mtu", str(FABRIC_MTU), "up")
 
     def _prepare(self, node: LabNode, nodes: list[LabNode], params: Params, model_dir: Path,
-                 key: Path) -> None:
-        """The node's network namespace, links and files."""
+                 key: Path, made) -> None:
+        """The node's network namespace, links and files (the links between the node and the
+        fabric switch live in their namespaces and go with them)."""
         d = node.dir
         if d.exists():
             shutil.rmtree(d)
@@ -200,9 +225,11 @@ class Lab:
             (d / sub).mkdir(parents=True)
         ns = node.netns
         sh("ip", "netns", "add", ns)
+        made("netns", ns)
         sh("ip", "-n", ns, "link", "set", "lo", "up")
-        host_if = f"{PREFIX}m{node.index}"
+        host_if = host.host_link(node)
         sh("ip", "link", "add", host_if, "type", "veth", "peer", "name", MGMT_IF, "netns", ns)
+        made("link", host_if)
         sh("ip", "link", "set", host_if, "master", MGMT_BRIDGE, "up")
         sh("ip", "-n", ns, "addr", "add", f"{node.mgmt_ip}/24", "dev", MGMT_IF)
         sh("ip", "-n", ns, "link", "set", MGMT_IF, "up")
@@ -285,8 +312,10 @@ class Lab:
                      "SPARKBOOK_LAB_NODE": node.name, "SPARKBOOK_LAB_STATE": str(node.dir / "state.json")},
         ).start()
 
-    def _start_dockerd(self, node: LabNode) -> None:
+    def _start_dockerd(self, node: LabNode, made) -> None:
         node.run.mkdir(parents=True, exist_ok=True)
+        made("tree", node.run)
+        made("cgroup", node.cgroup)  # made by the daemon for its first container; free at `up`
         (node.run / "docker.pid").unlink(missing_ok=True)  # callers stop the old daemon first
         node.data_root.mkdir(parents=True, exist_ok=True)
         args = ["dockerd", "--data-root", str(node.data_root), "--exec-root", str(node.run / "exec"),
@@ -309,58 +338,79 @@ class Lab:
     # ------------------------------------------------------------------------------ down
 
     def down(self, say=print) -> list[str]:
-        """Remove everything the lab made; returns what was removed."""
-        st = self.state() or {"nodes": {}, "created": []}
-        removed = []
+        """Remove what the lab recorded making (lab.json), and only that: the nodes' processes,
+        then the rest newest first. Every step is tried whatever fails before it; what could not
+        be removed stays recorded (the next `down`, or `up`, tries it again) and one LabError at
+        the end names each. Returns what was removed."""
+        st = self.state()
+        if st is None:
+            say("lab: down; nothing was up")
+            return []
+        made = st["made"] if "made" in st else host.made_by_older_lab(st)
+        removed, failed, left = [], [], []
         for name, info in st["nodes"].items():
-            node = LabNode(int(name.rsplit("-", 1)[1]))
-            pid = info.get("init_pid")
-            if pid and _is_init(pid, node):  # a recorded pid may belong to another process by now
-                # containers first, so that Docker unmounts cleanly; then the node's init, which
-                # takes every process of the node (sshd, dockerd, containers) with it
-                if node.docker_sock.exists():
-                    ids = docker(node, "ps", "-aq", check=False, timeout=15).stdout.split()
-                    if ids:
-                        docker(node, "rm", "-f", "-v", *ids, check=False, timeout=60)
-                os.kill(pid, signal.SIGKILL)
-                removed.append(f"{name}: processes")
-                for p in (pid, info.get("launcher_pid")):
-                    if p:
-                        _wait_gone(p)
-        for ns in _netns():
-            if ns.startswith(f"{PREFIX}-"):
-                sh("ip", "netns", "del", ns, check=False)
-                removed.append(f"namespace {ns}")
-        for link in _links():
-            if link.startswith(PREFIX):
-                sh("ip", "link", "del", link, check=False)
-                removed.append(f"link {link}")
-        for ctrl in Path("/sys/fs/cgroup").glob("*"):
-            for cg in sorted(ctrl.glob(f"{PREFIX}-*"), reverse=True):
-                for sub in sorted(cg.rglob("*"), key=lambda p: -len(p.parts)):
-                    if sub.is_dir():
-                        sub.rmdir()
-                cg.rmdir()
-        if RUN.exists():
-            shutil.rmtree(RUN, ignore_errors=True)
-            removed.append(str(RUN))
-        nodes_dir = self.home / "nodes"
-        if nodes_dir.exists():
-            shutil.rmtree(nodes_dir, ignore_errors=True)
-            removed.append(str(nodes_dir))
-        for path in reversed(st.get("created", [])):
-            p = Path(path)
             try:
-                p.unlink() if p.is_file() and p.stat().st_size == 0 else p.rmdir()
-                removed.append(path)
-            except OSError:
-                pass
+                if self._stop(LabNode(int(name.rsplit("-", 1)[1])), info):
+                    removed.append(f"{name}: processes")
+                info["stopped"] = True
+            except (OSError, LabError, subprocess.SubprocessError) as e:
+                failed.append(f"{name}'s processes: {e}")
+        for item in reversed(made):
+            try:
+                if host.remove(item):
+                    removed.append(f"{item['kind']} {item['name']}")
+            except (OSError, LabError, subprocess.SubprocessError) as e:
+                failed.append(f"{item['kind']} {item['name']}: {e}")
+                left.insert(0, item)
+        if failed:
+            self._save({**st, "faults": [], "made": left, "down_failed": failed})
+            say(f"lab: down did not finish: removed {len(removed)} things; {len(failed)} failed")
+            raise LabError("lab down could not remove: " + "; ".join(failed) + f" (still recorded in "
+                           f"{self.state_file}: `sparkbook lab down` tries them again)")
         for f in ("known_hosts", "lab.json"):
             (self.home / f).unlink(missing_ok=True)
         for f in self.home.glob("lab-*.yaml"):
             f.unlink()
-        say("lab: down" + (f" (removed {len(removed)} things)" if removed else "; nothing was up"))
+        say(f"lab: down (removed {len(removed)} things)")
         return removed
+
+    def _stop(self, node: LabNode, info: dict) -> bool:
+        """End every process of a node (True), or nothing when they are gone already (False)."""
+        pid = info.get("init_pid")
+        if info.get("stopped") or not pid or not _is_init(pid, node):
+            return False  # a recorded pid may belong to another process by now
+        # containers first, so that Docker unmounts cleanly (the node's own daemon: all of its
+        # containers are the lab's); then the node's init, which takes every process of the node
+        # (sshd, dockerd, containers) with it
+        try:
+            ids = docker(node, "ps", "-aq", check=False, timeout=15).stdout.split()
+            if ids:
+                docker(node, "rm", "-f", "-v", *ids, check=False, timeout=60)
+        except subprocess.TimeoutExpired:
+            pass  # a hung daemon goes with the init all the same
+        os.kill(pid, signal.SIGKILL)
+        for p in (pid, info.get("launcher_pid")):
+            if p:
+                _wait_gone(p)
+        if _alive(pid):
+            raise LabError(f"its init {pid} still runs 10 s after SIGKILL")
+        return True
+
+    @contextmanager
+    def as_found(self, say=print) -> Iterator["Lab"]:
+        """For a benchmark that reshapes the lab: at the end, also on Ctrl-C or SIGTERM, the lab as
+        it was found: as many nodes up again (rebuilt if need be), or none."""
+        st = self.state()
+        n = len(st["nodes"]) if st and not st.get("down_failed") else 0
+        with _sigterm_as_exit():
+            try:
+                yield self
+            finally:
+                now = self.state()
+                if now and (not n or len(now["nodes"]) != n):
+                    self.down(say=say)
+                if n:
+                    self.up(n, say=say)
 
     # ------------------------------------------------------------------------------ status
 
@@ -384,20 +434,23 @@ class Lab:
         return rows
 
 
+@contextmanager
+def _sigterm_as_exit() -> Iterator[None]:
+    """SIGTERM ends the program as Ctrl-C does, through every ``finally`` (exit status 143)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def _require(*tools: str) -> None:
     missing = [t for t in tools if not (shutil.which(t) or Path(t).exists())]
     if missing:
         raise LabError(f"missing on this machine: {', '.join(missing)} (scripts/bootstrap installs them)")
-
-
-def _netns() -> list[str]:
-    out = sh("ip", "netns", "list", check=False).stdout
-    return [line.split()[0] for line in out.splitlines() if line.strip()]
-
-
-def _links() -> list[str]:
-    out = sh("ip", "-j", "link", "show", check=False).stdout
-    return [li["ifname"] for li in json.loads(out or "[]")]
 
 
 def _port_open(host: str, port: int, timeout: float = 1.0) -> bool:
@@ -439,29 +492,3 @@ def require_up() -> None:
     if not Lab().state() or MGMT_BRIDGE not in _links():
         raise LabError("these parameters describe the local lab, which is not up: run "
                        "`sparkbook lab up` first")
-
-
-def leftovers() -> list[str]:
-    """Anything of a lab still on this machine: namespaces, links, processes, mounts, listeners,
-    cgroups, run files. Empty after `lab down`."""
-    found = [f"namespace {ns}" for ns in _netns() if ns.startswith(f"{PREFIX}-")]
-    found += [f"link {li}" for li in _links() if li.startswith(PREFIX)]
-    marks = (str(LAB_HOME / "nodes"), str(LAB_HOME / "docker-head"), str(RUN))
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if any(m in cmd for m in marks):
-            found.append(f"process {proc.name}: {cmd[:120]}")
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        if any(m in line for m in marks):
-            found.append(f"mount {line.split()[4]}")
-    listen = sh("ss", "-ltnH", check=False).stdout
-    found += [f"listener {ln.split()[3]}" for ln in listen.splitlines() if f" {MGMT_NET}." in f" {ln.split()[3]}"]
-    found += [f"cgroup {cg}" for cg in Path("/sys/fs/cgroup").glob(f"*/{PREFIX}-*")]
-    if RUN.exists():
-        found.append(str(RUN))
-    if (LAB_HOME / "nodes").exists():
-        found.append(str(LAB_HOME / "nodes"))
-    return found

@@ -148,9 +148,10 @@ def docker(node: LabNode, *args: str, **kw) -> subprocess.CompletedProcess:
 
 
 def running_nodes(home: Path = LAB_HOME) -> list[LabNode]:
-    """The nodes of the lab that is up (its lab.json), or none."""
+    """The nodes of the lab that is up (its lab.json), or none (also when a `lab down` did not
+    finish: the file then records only what is left to remove)."""
     try:
         state = json.loads((home / "lab.json").read_text())
     except (OSError, ValueError):
         return []
-    return lab_nodes(len(state["nodes"]))
+    return [] if state.get("down_failed") else lab_nodes(len(state["nodes"]))

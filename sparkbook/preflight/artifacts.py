@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Iterator
 
-from ..manifest import diff_manifests
+from ..manifest import describe_differences, manifest_differences, split_extras
 from ..params import Params
 from ..tables import short_id
 from ..verdict import FAIL, PASS, SKIP, WARN, Check
@@ -51,12 +51,19 @@ def model(params: Params, pf: Preflight) -> Iterator[Check]:
             size = sum(f["size"] for f in files.values()) / 1e9
             yield Check("model", node.name, PASS, f"{len(files)} files, {size:.2f} GB", "the model on every node")
         else:
-            diff = diff_manifests(ref, files)
+            differ, extras = split_extras(manifest_differences(ref, files))
+            diff = describe_differences(differ)
             yield Check("model", node.name, FAIL if diff else PASS,
                         "differs: " + ", ".join(diff[:6]) + (" ..." if len(diff) > 6 else "") if diff
                         else f"identical to {head} ({len(files)} files)", f"identical to {head}",
                         "03_distribute_image (model sync) copies the differing files from the head"
                         if diff else "", f"find {m.path} -type f; sha256sum")
+            if extras:  # another model in the same folder, say: never sparkbook's to delete
+                yield Check("model extras", node.name, WARN,
+                            f"{len(extras)} file(s) the head lacks: " + ", ".join(extras[:5])
+                            + (f" and {len(extras) - 5} more" if len(extras) > 5 else ""),
+                            f"only the model's files under {m.path}",
+                            "kept (03 never deletes them); distribution.delete_extras: true deletes them")
 
 
 def hf_token(params: Params, pf: Preflight) -> Iterator[Check]:

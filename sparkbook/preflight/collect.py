@@ -15,7 +15,8 @@ from ..manifest import Manifest, manifest_script, parse_manifest
 from ..params import Node, Params
 from ..parsers import (IbDevice, LinkSpeed, RailMap, SmiTable, parse_ethtool, parse_ibdev2netdev,
                        parse_ibstat, parse_ibv_devinfo, parse_nvidia_smi_table, parse_sections)
-from ..remote import Bundle, Cluster, bundle, peer_ssh, script
+from ..remote import Cluster
+from ..shell import PEER_SSH, Bundle, bundle, script
 from ..step import Outcome
 from . import tcp
 from .layout import RING, classify
@@ -111,9 +112,8 @@ def node_bundle(params: Params, node: Node) -> Bundle:
              ("model", manifest_script(params.model.path, params.model.verify == "all"))]
     reaches = ssh_peers(params, node)
     if reaches:
-        targets = [a for peer in reaches for a in (peer.name, peer.peer_target)]
-        ssh = peer_ssh(node)[:-1]  # the command without its target: the same for every peer
-        parts.append(("peers-ssh", script("peers_ssh.sh", *targets, "--", *ssh)))
+        targets = [a for peer in reaches for a in (peer.name, peer.peer_target, peer.port or 22)]
+        parts.append(("peers-ssh", script("peers_ssh.sh", *targets, "--", *PEER_SSH)))
     return bundle(*parts)
 
 

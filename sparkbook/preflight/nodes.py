@@ -7,6 +7,7 @@ from typing import Iterator
 
 from ..params import Params
 from ..parsers import listener
+from ..serving.commands import container_name
 from ..verdict import FAIL, PASS, SKIP, WARN, Check
 from .collect import Preflight
 
@@ -51,7 +52,7 @@ def gpus(params: Params, pf: Preflight) -> Iterator[Check]:
         holders = [f"{p['pid']} {p['name']} {p['memory_mib']}MiB" for p in (smi or {}).get("processes", [])
                    if p["type"] == "C"]
         running = [c for c in d["containers"] if len(c) >= 2 and (
-            c[0] == params.runtime.container_name or c[1] == params.runtime.image)]
+            c[0] in (container_name(params, False), container_name(params, True)) or c[1] == params.runtime.image)]
         found = holders + [f"container {c[0]} ({c[1]})" for c in running] + d["processes"][:3]
         yield Check("stale processes", node.name, FAIL if found else PASS,
                     "; ".join(found)[:300] if found else "no vLLM, Ray or serving container running",

@@ -15,7 +15,8 @@ from typing import TypedDict
 
 from ..collectives import master
 from ..params import Node, Params
-from ..remote import SCRIPTS, Cluster, Result
+from ..remote import Cluster, Result
+from ..shell import SCRIPTS
 
 SCRIPT = SCRIPTS / "tcp_ports.py"
 TIMEOUT_S = 2.0  # a SYN unanswered this long was dropped

@@ -3,7 +3,7 @@
 # log ("@@ docker logs NAME", "No such container" for an absent one) and of vllm serve's log in the
 # Ray container (SERVE_LOG), `ray status` in RAY_CONTAINER, every container, the largest processes.
 # Usage: collect_logs.sh RAY_CONTAINER SERVE_LOG CONTAINER...
-#   e.g. collect_logs.sh sparkbook-ray /tmp/sparkbook/logs/vllm-serve.log sparkbook-ray sparkbook-vllm
+#   e.g. collect_logs.sh sparkbook-lab-ray /tmp/sparkbook-root/lab/logs/vllm-serve.log sparkbook-lab-ray sparkbook-lab-vllm
 set -euo pipefail
 ray=$1 serve_log=$2
 shift 2

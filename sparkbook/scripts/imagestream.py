@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Stream one read of an image into `docker load` on several workers at once, leaving out of each
-worker's stream the layers it already holds. Runs on the head node (sparkbook copies it there with
-layerstore.py); standard library only, no file written: the archive flows from the layer store (or
-`docker save`) through this process into one `ssh WORKER docker load` per worker the head feeds.
+worker's stream the layers it already holds (savearchive.py says why `docker load` accepts that).
+Runs on the head node (sparkbook copies it there with layerstore.py and savearchive.py); standard
+library only, no file written: the archive flows from the layer store (or `docker save`) through
+this process into one `ssh WORKER docker load` per worker the head feeds.
 
 For more workers than the head's link can feed, workers pass the stream on (a tree): the head runs
 `ssh WORKER imagestream.py relay`, which splits its stdin the same way into the worker's own
@@ -10,18 +11,16 @@ For more workers than the head's link can feed, workers pass the stream on (a tr
 some worker of its subtree lacks; each sink leaves out what its own worker holds. A relay prints the
 lines of every worker behind it; the head passes them on, and names the relay for any it lost.
 
-Why leaving layers out works: `docker load` (classic image store) looks each layer up by its chain ID
-before it opens the layer's file, so an archive whose already-present layers are absent loads to the
-same image ID. The layers are named in the archive either `blobs/sha256/<diff id>` (Docker 25 and
-later, OCI layout) or `<v1 id>/layer.tar` (earlier), where the v1 ID of every layer but the top one
-is the digest of a fixed JSON document holding the chain ID (moby image/tarexport/save.go,
-image/v1/imagev1.go CreateID), and the top one is the folder whose `json` names that layer as its
-parent. A layer is left out only when its name matches a computed digest exactly, so a format this
-script does not know costs the saving, never correctness.
+One stuck worker (its `docker load` or its link stops taking data) holds back no other: each
+worker's stream has its own writer thread and queue, and a worker that takes no data for "stall_s"
+seconds while data waits for it is stopped and fails by name ("took no data for N s"), the others
+going on (so do the workers behind a stuck relay, named "not reached").
 
 Usage: imagestream.py stream SPEC   SPEC: {"image", "from": this node, "store": where to read layers
-                                    (null: `docker save`), "workers": [W]}; W: {"name", "ssh": argv,
-                                    "have": [chain ids], "zstd": bool, "feeds": [W]}
+                                    (null: `docker save`), "deployment": for the reading container's
+                                    name and label, "stall_s", "workers": [W]}; W: {"name", "ssh":
+                                    argv, "have": [chain ids], "zstd": bool, "feeds": [W], and for a
+                                    worker that feeds others "program": this script's path there}
        imagestream.py relay SPEC    on a worker, the archive on stdin; SPEC: its W with "diff_ids",
                                     "source", "expected", "held"
        imagestream.py probe SPEC    pipe and zstd throughput, for the compression choice
@@ -32,7 +31,6 @@ the compressed streams it reads back from each zstd to count them) / PROBE {json
 
 import collections
 import fcntl
-import hashlib
 import json
 import os
 import queue
@@ -44,17 +42,15 @@ import time
 
 try:
     from .layerstore import BLOCK, CHUNK, chain_ids, expected_bytes, padded
-except ImportError:  # run as a script on a node, next to layerstore.py
+    from .savearchive import Layers, octal, read_exact
+except ImportError:  # run as a script on a node, next to layerstore.py and savearchive.py
     from layerstore import BLOCK, CHUNK, chain_ids, expected_bytes, padded
+    from savearchive import Layers, octal, read_exact
 
 ME = os.path.abspath(__file__)
 LAYERSTORE = os.path.join(os.path.dirname(ME), "layerstore.py")
 QUEUE = 32  # chunks (up to 1 MiB each) a sink may fall behind the others
-# The v1 config of every layer but the top one: a zero image, created at the epoch (moby save.go).
-ZERO_CONFIG = ('{"Hostname":"","Domainname":"","User":"","AttachStdin":false,"AttachStdout":false,'
-               '"AttachStderr":false,"Tty":false,"OpenStdin":false,"StdinOnce":false,"Env":null,'
-               '"Cmd":null,"Image":"","Volumes":null,"WorkingDir":"","Entrypoint":null,'
-               '"OnBuild":null,"Labels":null}')
+STALL_S = 120  # a worker that takes no data for this long, while data waits for it, is stopped
 LOCK = threading.Lock()
 
 
@@ -77,68 +73,6 @@ def carried(worker):
     return set(worker.get("have", ())).intersection(*(carried(w) for w in worker.get("feeds", ())))
 
 
-def v1_ids(diff_ids):
-    """The names `docker save` (before Docker 25) gives the layer folders, but for the top layer."""
-    out, parent = [], None
-    for chain in chain_ids(diff_ids)[:-1]:
-        doc = ('{"container_config":' + ZERO_CONFIG + ',"created":"1970-01-01T00:00:00Z",'
-               f'"layer_id":"{chain}"' + (f',"parent":"{parent}"' if parent else "") + "}")
-        parent = "sha256:" + hashlib.sha256(doc.encode()).hexdigest()
-        out.append(parent)
-    return out
-
-
-class Layers:
-    """Which archive member is which layer of the image, for both archive layouts."""
-
-    def __init__(self, diff_ids):
-        self.chains = chain_ids(diff_ids)
-        v1 = v1_ids(diff_ids)
-        self.names = collections.defaultdict(list)
-        for i, d in enumerate(diff_ids):
-            self.names["blobs/sha256/" + d.split(":")[1]].append(i)
-        for i, v in enumerate(v1):
-            self.names[v.split(":")[1] + "/layer.tar"].append(i)
-        # The top layer's folder name cannot be computed (it digests the image's whole config),
-        # but its `json`, which precedes its layer.tar, names as parent the layer below it.
-        self.top_parent = v1[-1].split(":")[1] if v1 else None
-        self.single = len(diff_ids) == 1
-
-    def see_json(self, name, data):
-        """Learn the top layer's folder from a `<folder>/json` member."""
-        folder = name[:-len("/json")]
-        if "/" in folder or folder + "/layer.tar" in self.names:
-            return
-        try:
-            parent = json.loads(data).get("parent")
-        except ValueError:
-            return
-        if parent == self.top_parent or (self.single and parent is None):
-            self.names[folder + "/layer.tar"].append(len(self.chains) - 1)
-
-    def held(self, name, have):
-        """Whether ``name`` is a layer whose every use in the image is already in ``have``."""
-        idx = self.names.get(name)
-        return bool(idx) and all(self.chains[i] in have for i in idx)
-
-
-def octal(field):
-    if field[0] & 0x80:  # base-256 (GNU) for sizes of 8 GiB and more
-        return int.from_bytes(field[1:], "big")
-    text = field.split(b"\0")[0].strip()
-    return int(text, 8) if text else 0
-
-
-def read_exact(f, n):
-    buf = bytearray()
-    while len(buf) < n:
-        part = f.read(n - len(buf))
-        if not part:
-            raise EOFError(f"archive ends early ({len(buf)} of {n} bytes)")
-        buf += part
-    return bytes(buf)
-
-
 def widen(pipe):
     """A 1 MiB pipe buffer (Linux; 64 KiB by default): fewer wake-ups between the processes."""
     try:
@@ -151,10 +85,13 @@ class Sink:
     """One worker fed from this node: `docker load` here (no ``ssh``: a relay's own worker), `ssh
     WORKER docker load`, or `ssh WORKER imagestream.py relay` for a worker that feeds others; behind
     a local zstd when compressing. Its own thread writes what :func:`split` queues, so a worker that
-    is slow for a moment holds the others back only once its queue is full."""
+    is slow for a moment holds the others back only once its queue is full, and one that takes
+    nothing for ``stall_s`` is stopped (:meth:`_watch`), which empties its queue."""
 
     def __init__(self, spec, job):
         self.name, self.feeds, self.here = spec["name"], spec.get("feeds", []), job["from"]
+        self.stall_s = job.get("stall_s", STALL_S)
+        self.moved, self.busy, self.stalled = time.monotonic(), False, False  # the writer's progress
         self.have = carried(spec)
         self.expected, self.held = spec.get("expected", 0), spec.get("held", 0)
         self.behind = {w["name"]: w.get("held", 0) for w in tree(self.feeds)}
@@ -165,8 +102,8 @@ class Sink:
         self.remote = spec.get("ssh") is not None
         argv = ["docker", "load"]
         if self.remote:
-            then = (f"python3 {shlex.quote(ME)} relay {shlex.quote(json.dumps({**spec, **job}))}"
-                    if self.feeds else "docker load")
+            then = (f"python3 {shlex.quote(spec.get('program', ME))} relay "
+                    f"{shlex.quote(json.dumps({**spec, **job}))}" if self.feeds else "docker load")
             remote = "set -o pipefail; " + ("zstd -q -d -c | " if spec.get("zstd") else "") + then
             argv = spec["ssh"] + ["bash -c " + shlex.quote(remote)]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -183,26 +120,55 @@ class Sink:
                         for f in (self._write, self._read) + ((self._pump,) if self.zstd else ())]
         for t in self.threads:
             t.start()
+        threading.Thread(target=self._watch, daemon=True).start()
 
     def write(self, data):
-        if self.error is None:
-            self.queue.put(data)
+        """Queue ``data`` for the worker; waits while its queue is full, until the worker takes
+        some or is stopped."""
+        while self.error is None:
+            try:
+                self.queue.put(data, timeout=1)
+                return
+            except queue.Full:
+                continue
 
     def _write(self):
         """The queue into the pipe, until None; after an error the queue is drained unwritten."""
         while (data := self.queue.get()) is not None:
             if self.error is None:
+                self.moved, self.busy = time.monotonic(), True
                 try:
                     self.pipe.write(data)
                     self.sent += len(data)
                     if not self.zstd:
                         self.wire = self.sent
                 except OSError as e:
-                    self.error = f"the stream to {self.name} broke: {e}"
+                    self.error = self.error or f"the stream to {self.name} broke: {e}"
+                self.moved, self.busy = time.monotonic(), False
+        self.moved, self.busy = time.monotonic(), True  # closing flushes what is buffered
         try:
             self.pipe.close()
         except OSError:
             pass
+        self.busy = False
+
+    def _watch(self):
+        """The progress deadline: a worker whose write has waited ``stall_s`` (it takes no data: a
+        stuck `docker load`, a dead link) is stopped, which breaks that write; the others go on."""
+        while self.threads[0].is_alive():
+            time.sleep(min(1.0, self.stall_s / 4))
+            if self.busy and time.monotonic() - self.moved > self.stall_s and self.error is None:
+                self.stalled = True
+                self.error = f"{self.name} took no data for {self.stall_s:.0f} s: stopped"
+                self.kill()
+                return
+
+    def kill(self):
+        """Stop the worker's processes here (its SSH, zstd): what writes to them fails at once."""
+        for p in (self.zstd, self.proc):
+            if p and p.poll() is None:
+                p.kill()
+                self.killed = True
 
     def _pump(self):
         """zstd's output into ssh, counted."""
@@ -239,10 +205,7 @@ class Sink:
         input ends and nothing is loaded from it."""
         self.error = self.error or failed
         if failed:
-            for p in (self.zstd, self.proc):
-                if p and p.poll() is None:
-                    p.kill()
-                    self.killed = True
+            self.kill()
         self.queue.put(None)
 
     def finish(self, source):
@@ -265,7 +228,8 @@ class Sink:
         why = (self.error or f"the relay on {self.name} ended without a result") + (
             f": {self.tail[-1]}" if self.tail else "")
         lost = [{**mine, "error": self.error or why}] if self.name not in self.reported else []
-        behind = self.error if self.killed else f"not reached: the relay on {self.name} failed ({why})"
+        behind = (self.error if self.killed and not self.stalled else
+                  f"not reached: the relay on {self.name} failed ({why})")
         return lost + [{"name": n, "code": None, "sent": 0, "wire": 0, "skipped": 0, "layers_skipped": 0,
                         "error": behind, "output": [], "source": source, "held": held}
                        for n, held in self.behind.items() if n not in self.reported]
@@ -351,12 +315,14 @@ def source(spec, diff_ids):
             return "layer store", subprocess.Popen([sys.executable, LAYERSTORE, job],
                                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         # the image itself reads it, when it has a python3
-        run = ["docker", "run", "--rm", "-i", "--label", "sparkbook=imagestream", "--network", "none",
+        deployment = spec.get("deployment", "imagestream")
+        run = ["docker", "run", "--rm", "-i", "--label", f"sparkbook={deployment}", "--network", "none",
                "-v", f"{store['root']}:{store['root']}:ro", "--entrypoint", "python3", spec["image"]]
         if subprocess.run(run + ["-c", ""], capture_output=True).returncode == 0:
             with open(LAYERSTORE, "rb") as program:
                 return "layer store (read in a container)", subprocess.Popen(
-                    run + ["-", job], stdin=program, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                    run[:4] + ["--name", f"sparkbook-{deployment}-image-read"] + run[4:] + ["-", job],
+                    stdin=program, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     return "docker save", subprocess.Popen(["docker", "save", spec["image"]], stdout=subprocess.PIPE,
                                            stderr=subprocess.PIPE)
 
@@ -387,11 +353,10 @@ def progress(sinks):
 
 
 def end(sinks, failed, source):
-    """Every sink closed (stopped when ``failed``), then each worker's DONE as soon as it ends."""
-    for s in sinks:
-        s.close(failed)
-
+    """Every sink closed (stopped when ``failed``), then each worker's DONE as soon as it ends
+    (each in its own thread: a stuck worker delays no other's end)."""
     def one(s):
+        s.close(failed)
         for record in s.finish(source):
             if record["name"] == s.name and not s.feeds:
                 progress([s])
@@ -425,7 +390,8 @@ def stream(spec):
     how, save = source(spec, diff_ids)
     widen(save.stdout)
     say("SOURCE", how)
-    job = {"diff_ids": diff_ids, "source": how, "from": spec.get("from", "the head")}
+    job = {"diff_ids": diff_ids, "source": how, "from": spec.get("from", "the head"),
+           "stall_s": spec.get("stall_s", STALL_S)}
     sinks = [Sink(w, job) for w in spec["workers"]]
     failed = feed(save.stdout, diff_ids, sinks)
     read = rchar()
@@ -443,7 +409,8 @@ def stream(spec):
 
 def relay(spec):
     """On a worker: the archive from stdin into this worker's `docker load` and on to those it feeds."""
-    job = {"diff_ids": spec["diff_ids"], "source": spec["source"], "from": spec["name"]}
+    job = {"diff_ids": spec["diff_ids"], "source": spec["source"], "from": spec["name"],
+           "stall_s": spec.get("stall_s", STALL_S)}
     own = {k: spec[k] for k in ("name", "have", "expected", "held")}
     sinks = [Sink(own, job)] + [Sink(w, job) for w in spec["feeds"]]
     end(sinks, feed(sys.stdin.buffer, spec["diff_ids"], sinks), spec["source"])

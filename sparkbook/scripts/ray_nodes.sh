@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The Ray cluster as the Ray container on this node sees it: a line "RAYNODES [JSON]" (address,
-# liveness and resources of every node); with "actors", a line "RAYACTORS [JSON]" (class and node
+# The Ray cluster as the Ray container on this node sees it: a line "RAYVERSION X.Y.Z" (the Ray of
+# the image), a line "RAYNODES [JSON]" (address, liveness and resources of every node); with "actors", a line "RAYACTORS [JSON]" (class and node
 # address of every live actor: vLLM's Ray workers among them; "RAYACTORS-ERROR ..." where Ray's
 # state API is missing); then "@@ status" and `ray status`, whose exit status is this script's.
 # Usage: ray_nodes.sh CONTAINER [actors]
+#   e.g. ray_nodes.sh sparkbook-lab-ray actors
 set -euo pipefail
 container=$1 actors=${2:-}
 docker exec "$container" python3 -c 'import json, sys, ray
+print("RAYVERSION " + ray.__version__, flush=True)
 ray.init(address="auto", logging_level="ERROR")
 nodes = ray.nodes()
 print("RAYNODES " + json.dumps([{"ip": n["NodeManagerAddress"], "alive": n["Alive"],

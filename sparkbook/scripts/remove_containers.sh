@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
-# Remove every container labelled LABEL (running or not) and the token file ENV_FILE. Nothing to
-# remove is fine; what is left is named by the check that follows (08_teardown).
-# Usage: remove_containers.sh LABEL ENV_FILE
-#   e.g. remove_containers.sh sparkbook /tmp/sparkbook/secrets.env
+# Remove the containers (running or not) that carry both labels DEPLOYMENT (sparkbook=<deployment>)
+# and OWNER (sparkbook.owner=<login>): all of them, or only those named NAME... Containers of
+# another deployment, another user, or not sparkbook's, are never touched. Nothing to remove is
+# fine; what is left is named by the check that follows (08_teardown).
+# Usage: remove_containers.sh DEPLOYMENT OWNER [NAME...]
+#   e.g. remove_containers.sh sparkbook=lab sparkbook.owner=root
+#        remove_containers.sh sparkbook=lab sparkbook.owner=root sparkbook-lab-collectives
 set -euo pipefail
-label=$1 env_file=$2
-docker ps -aq --filter "label=$label" | xargs -r docker rm -f >/dev/null || true
-rm -f -- "$env_file"
+deployment=$1 owner=$2
+shift 2
+docker ps -a --filter "label=$deployment" --filter "label=$owner" --format '{{.ID}} {{.Names}}' 2>/dev/null |
+  while read -r id name; do
+    if [ $# -eq 0 ] || printf '%s\n' "$@" | grep -qxF -- "$name"; then
+      echo "$id"
+    fi
+  done | xargs -r docker rm -f >/dev/null || true

@@ -2,7 +2,7 @@
 # The fingerprint vllm serve was started with in the Ray container: "FP=VALUE" (empty when it has
 # none), read from the environment of its oldest process; exit status 3 when vllm serve does not run.
 # Usage: serve_fingerprint.sh CONTAINER PATTERN VARIABLE
-#   e.g. serve_fingerprint.sh sparkbook-ray '[v]llm serve' SPARKBOOK_SERVE_FINGERPRINT
+#   e.g. serve_fingerprint.sh sparkbook-lab-ray '[v]llm serve' SPARKBOOK_SERVE_FINGERPRINT
 set -euo pipefail
 container=$1 pattern=$2 variable=$3
 pid=$(docker exec "$container" pgrep -o -f "$pattern") || exit 3

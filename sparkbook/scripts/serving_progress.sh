@@ -11,7 +11,7 @@
 # Usage: serving_progress.sh CONTAINER mp LINES
 #        serving_progress.sh CONTAINER ray-worker LINES
 #        serving_progress.sh CONTAINER ray-head LINES PATTERN LOG
-#   e.g. serving_progress.sh sparkbook-ray ray-head 40 '[v]llm serve' /tmp/sparkbook/logs/vllm-serve.log
+#   e.g. serving_progress.sh sparkbook-lab-ray ray-head 40 '[v]llm serve' /tmp/sparkbook-root/lab/logs/vllm-serve.log
 set -euo pipefail
 container=$1 mode=$2 lines=$3
 state=$(docker inspect --format '{{.State.Status}} {{.State.ExitCode}} {{.State.OOMKilled}}' \

@@ -5,7 +5,7 @@
 # crashed or was killed) cannot be shut down that way and get SIGKILL, which also ends their Ray
 # workers (Ray ends the actors of an owner that died). Nothing running is fine.
 # Usage: stop_serve.sh CONTAINER SERVE_PATTERN ENGINE_PATTERN [GRACE_S]   (pkill's regular expressions)
-#   e.g. stop_serve.sh sparkbook-ray '[v]llm serve' '[V]LLM::' 60
+#   e.g. stop_serve.sh sparkbook-lab-ray '[v]llm serve' '[V]LLM::' 60
 set -euo pipefail
 container=$1 serve=$2 engine=$3 grace=${4:-60}
 # Live processes of the container matching a pattern: an engine whose vllm serve died is left to

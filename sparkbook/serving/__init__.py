@@ -6,7 +6,8 @@
 - :mod:`.state`: the containers on the nodes, starting them, what must hold before;
 - :mod:`.ray`: the Ray cluster (04); :mod:`.deploy`: vLLM up and ready (05);
   :mod:`.teardown`: everything off (08);
-- :mod:`.logs`: the nodes' logs into the run folder, and the known failure signatures in them.
+- :mod:`.logs`: the nodes' logs into the run folder, and the known failure signatures in them;
+- :mod:`.listeners`: every address the containers listen on, and whether it is where it should be.
 
 The notebooks' own calls are here: the image (04, 05) and the commands to rerun by hand.
 """

@@ -11,19 +11,19 @@ start first).
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import os
+import socket
 
-from ..params import Node, Params
-from ..redact import mask
-from ..remote import REMOTE_DIR, command_line
+from .. import workdir
+from ..params import Node, Params, secrets_written
+from ..redact import mask, protect
+from ..remote import ssh_target
+from ..shell import command_line
 from ..tables import Table
-from .containers import docker_run, fabric_env
+from .containers import docker_run, fabric_env, hf_env, named
 
-RAY_CONTAINER = "sparkbook-ray"
-LOG_DIR = f"{REMOTE_DIR}/logs"          # on every node, mounted into the containers
-ENV_FILE = f"{REMOTE_DIR}/secrets.env"  # the HF token, mode 600, removed once the container runs
-SERVE_LOG = f"{LOG_DIR}/vllm-serve.log"  # ray executor: vllm serve's output in the head container
 FINGERPRINT = "sparkbook.fingerprint"   # the label holding a container's fingerprint
 # vllm serve's processes in the Ray container; the brackets keep a process whose own command line
 # holds the pattern (a shell running pkill, a script given it as an argument) from matching itself
@@ -33,14 +33,81 @@ SERVE_PATTERN = "[v]llm serve"
 # placement group), and the next start waits for them forever.
 ENGINE_PATTERN = "[V]LLM::"
 SERVE_FP = "SPARKBOOK_SERVE_FINGERPRINT"  # vllm serve's fingerprint, in its environment (Ray)
+# Ray's token authentication (Ray 2.52 and later: every Ray service, the dashboard and the Jobs API
+# require the token; docs.ray.io, "Ray token authentication"). An older Ray ignores the variable;
+# 04 says which it is. The token itself reaches the containers only through the secrets file.
+RAY_AUTH = {"RAY_AUTH_MODE": "token"}
+RAY_TOKEN = "RAY_AUTH_TOKEN"
+# vLLM's OpenAI server requires this key on /v1 when the variable is set (vllm/envs.py, read by
+# the API server as --api-key's fallback): the key never appears on a command line
+API_KEY = "VLLM_API_KEY"
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def ray_container(params: Params) -> str:
+    """The Ray container of this deployment, on every serving node."""
+    return named(params, "ray")
+
+
+def secrets_path(params: Params, node: Node) -> str:
+    """The secrets env file on ``node`` (mode 600; removed once the containers run)."""
+    return f"{workdir.workdir(params, node)}/secrets.env"
+
+
+def serve_log(params: Params, node: Node) -> str:
+    """Ray executor: vllm serve's output in the head's Ray container, in the mounted logs folder."""
+    return f"{workdir.logs(params, node)}/vllm-serve.log"
+
+
+def management_address(node: Node) -> str:
+    """The address this machine reaches ``node`` on: its host, or the HostName an ssh-config alias
+    stands for, as this machine resolves it. An address, not a name: on the node itself its own
+    name often resolves to 127.0.1.1 (Debian's /etc/hosts), where nobody else would reach vLLM. A
+    name this machine cannot resolve (reached through a jump host) is kept as it is."""
+    host = node.host if node.local else ssh_target(node.host, node.user, node.port)[0]
+    try:
+        return str(ipaddress.ip_address(host.strip("[]")))
+    except ValueError:
+        pass
+    for family in (socket.AF_INET, socket.AF_UNSPEC):  # IPv4 first, as the fabric and Ray use
+        try:
+            return socket.getaddrinfo(host, None, family, socket.SOCK_STREAM)[0][4][0]
+        except OSError:
+            continue
+    return host
+
+
+def api_bind(params: Params) -> str:
+    """The address vLLM's API listens on: ``serving.bind``, else the head's management address."""
+    return params.serving.bind or management_address(params.head)
+
+
+def api_key(params: Params) -> str | None:
+    """The API key from this machine's environment (``serving.api_key_env``; masked wherever
+    sparkbook writes text, never printed)."""
+    name = params.serving.api_key_env
+    if not name:
+        return None
+    protect(name)
+    return os.environ.get(name) or None
+
+
+def wildcard(address: str) -> bool:
+    return address in ("0.0.0.0", "::", "*", "")
+
+
+def beyond_loopback(address: str) -> bool:
+    return address not in LOOPBACK and not address.startswith("127.")
 
 
 def serve_env(params: Params, node: Node) -> dict[str, str]:
     """What every serving container needs besides the fabric binding (see :func:`fabric_env`):
     vLLM's own address on the fabric, Ray's memory monitor off (on GB10 the unified memory is the
-    GPU's, and the monitor kills workers that hold the model), then the parameters' extras."""
+    GPU's, and the monitor kills workers that hold the model), then the parameters' extras but
+    the secrets among them (those go through the secrets file: see :func:`secrets`)."""
+    hidden = secrets_written(params)
     return {"VLLM_HOST_IP": node.fabric_address, "RAY_memory_monitor_refresh_ms": "0",
-            **params.serving.env}
+            **{k: v for k, v in params.serving.env.items() if k not in hidden}}
 
 
 def container_env(params: Params, node: Node) -> dict[str, str]:
@@ -74,18 +141,21 @@ def serve_args(params: Params, node: Node) -> list[str]:
         if rank:
             args.append("--headless")
     if node.role == "head":
-        args += ["--host", "0.0.0.0", "--port", str(p.ports.api)]
+        args += ["--host", api_bind(p), "--port", str(p.ports.api)]
     return args + list(s.extra_args)
 
 
 def ray_args(params: Params, node: Node) -> list[str]:
-    """``ray start --block`` for ``node``: the head listens on its fabric address, workers join it."""
+    """``ray start --block`` for ``node``: the head listens on its fabric address, workers join it;
+    the dashboard and its Jobs API only on the head's loopback (an SSH tunnel reaches them). The
+    Ray client server binds where Ray puts it (the node address in recent Ray: ``ray start`` has no
+    option for it), behind the token; 04's listeners table shows every address."""
     args = ["ray", "start", "--block", "--node-ip-address", node.fabric_address,
             "--num-gpus", str(params.gpus_of(node) if params.runtime.gpus else 0),
             "--object-store-memory", str(int(params.serving.ray_object_store_gb * 1e9)),
             "--disable-usage-stats"]
     if node.role == "head":
-        return args + ["--head", "--port", str(params.ports.ray), "--dashboard-host", "0.0.0.0",
+        return args + ["--head", "--port", str(params.ports.ray), "--dashboard-host", "127.0.0.1",
                        "--dashboard-port", str(params.ports.dashboard)]
     return args + ["--address", f"{params.head.fabric_address}:{params.ports.ray}"]
 
@@ -95,8 +165,22 @@ def token(params: Params) -> str | None:
     return os.environ.get(params.model.hf_token_env) or None
 
 
-def mounts(params: Params) -> list[str]:
-    out = [f"{params.model.path}:{params.model.path}:ro", f"{LOG_DIR}:{LOG_DIR}"]
+def secrets(params: Params, ray: bool, ray_token: str | None = None) -> dict[str, str]:
+    """What a container's secrets file holds: the Hugging Face token; Ray's token for the Ray
+    containers (``ray``, given); the API key for vllm serve (mp containers, or vllm serve in the
+    head's Ray container: ``ray`` False); and the secrets written in ``serving.env``."""
+    out = {**hf_env(token(params)), **{k: params.serving.env[k] for k in secrets_written(params)}}
+    if ray and ray_token:
+        out[RAY_TOKEN] = ray_token
+    key = api_key(params)
+    if key and not ray:
+        out[API_KEY] = key
+    return out
+
+
+def mounts(params: Params, node: Node) -> list[str]:
+    logs = workdir.logs(params, node)
+    out = [f"{params.model.path}:{params.model.path}:ro", f"{logs}:{logs}"]
     if params.runtime.hf_cache:
         out.append(f"{params.runtime.hf_cache}:/root/.cache/huggingface")
     return out
@@ -104,17 +188,20 @@ def mounts(params: Params) -> list[str]:
 
 def container_name(params: Params, ray: bool) -> str:
     """The name of the Ray container (``ray``) or of vllm serve's."""
-    return RAY_CONTAINER if ray else params.runtime.container_name
+    return ray_container(params) if ray else params.runtime.container_name or named(params, "vllm")
 
 
 def container_command(params: Params, node: Node, ray: bool | None = None) -> list[str]:
     """The ``docker run`` of ``node``'s container: Ray's (``ray``) or vllm serve's (by default,
-    the one the executor starts)."""
+    the one the executor starts). Its secrets come from the secrets file, written for the start."""
     ray = params.serving.executor == "ray" if ray is None else ray
     inner = ray_args(params, node) if ray else serve_args(params, node)
     labels = {FINGERPRINT: fingerprint(params, node, ray)}
-    return docker_run(params, node, container_name(params, ray), inner, env=serve_env(params, node),
-                      mounts=mounts(params), labels=labels, env_file=ENV_FILE if token(params) else None)
+    env = {**serve_env(params, node), **(RAY_AUTH if ray else {})}
+    has_secrets = ray or bool(secrets(params, False))  # a Ray container always gets Ray's token
+    return docker_run(params, node, container_name(params, ray), inner, env=env,
+                      mounts=mounts(params, node), labels=labels,
+                      env_file=secrets_path(params, node) if has_secrets else None)
 
 
 def fingerprint(params: Params, node: Node, ray: bool) -> str:
@@ -123,17 +210,23 @@ def fingerprint(params: Params, node: Node, ray: bool) -> str:
     that a serving change restarts vllm serve, not the Ray cluster."""
     what = {"image": params.runtime.image, "ray": ray_args(params, node) if ray else None,
             "serve": None if ray else serve_args(params, node),
-            "env": container_env(params, node), "mounts": mounts(params),
-            "runtime": params.runtime.model_dump(), "token": bool(token(params))}
+            "env": {**container_env(params, node), **(RAY_AUTH if ray else {})},
+            "mounts": mounts(params, node), "runtime": params.runtime.model_dump(),
+            "token": bool(token(params)), "api_key": None if ray else bool(api_key(params)),
+            "written": hashlib.sha256(json.dumps({k: params.serving.env[k] for k in secrets_written(params)},
+                                                 sort_keys=True).encode()).hexdigest()}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def ray_serve_command(params: Params) -> list[str]:
     """vllm serve in the head's Ray container, its output into a file in the logs folder; its
-    fingerprint in its environment (read back by :func:`sparkbook.serving.deploy.serving_fingerprint`)."""
-    inner = command_line(serve_args(params, params.head)) + f" > {SERVE_LOG} 2>&1"
-    return ["docker", "exec", "-d", "-e", f"{SERVE_FP}={fingerprint(params, params.head, False)}",
-            RAY_CONTAINER, "bash", "-c", inner]
+    fingerprint in its environment (read back by :func:`sparkbook.serving.deploy.serving_fingerprint`),
+    its secrets (the API key) from the secrets file, written for the start."""
+    head = params.head
+    inner = command_line(serve_args(params, head)) + f" > {serve_log(params, head)} 2>&1"
+    env_file = ["--env-file", secrets_path(params, head)] if secrets(params, False) else []
+    return ["docker", "exec", "-d", "-e", f"{SERVE_FP}={fingerprint(params, head, False)}", *env_file,
+            ray_container(params), "bash", "-c", inner]
 
 
 def serving_container(params: Params) -> str:

@@ -12,8 +12,9 @@ parameters name one (an image whose entrypoint wrapper must run first, such as N
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
+from .. import workdir
 from ..params import Node, Params
 from ..remote import Cluster
 
@@ -33,8 +34,31 @@ def fabric_env(params: Params, node: Node) -> dict[str, str]:
     return env
 
 
-# Every sparkbook container carries this label: teardown finds them all by it.
+# Every sparkbook container carries this label, valued with its deployment's name (``params.name``):
+# teardown and every filter look for ``sparkbook=<name>``, so that two deployments on the same
+# nodes never touch each other's containers.
 LABEL = "sparkbook"
+
+
+def deployment_label(params: Params) -> str:
+    """``sparkbook=<deployment>``: the label of this deployment's containers, and the filter."""
+    return f"{LABEL}={params.name}"
+
+
+OWNER = "sparkbook.owner"  # valued with the SSH login that started the container
+
+
+def owner_label(node: Node) -> str:
+    """``sparkbook.owner=<login>``: who started a container on ``node``. Two operators who log in
+    as different users and run the same deployment name never replace or remove each other's
+    containers (their locks live in their own working folders)."""
+    return f"{OWNER}={workdir.login(node)}"
+
+
+def named(params: Params, role: str) -> str:
+    """The name of this deployment's container for ``role`` (``ray``, ``vllm``, ``collectives``,
+    ``inspect``...): ``sparkbook-<deployment>-<role>``."""
+    return f"sparkbook-{params.name}-{role}"
 
 
 def docker_run(params: Params, node: Node, name: str, command: Sequence[str], *,
@@ -45,7 +69,7 @@ def docker_run(params: Params, node: Node, name: str, command: Sequence[str], *,
     layer). Secrets go in ``env_file`` (a file on the node), never in the arguments."""
     rt = params.runtime
     args = ["docker", "run", *(["-d"] if detach else []), *(["--rm"] if remove else []),
-            "--name", name, "--label", f"{LABEL}={params.name}",
+            "--name", name, "--label", deployment_label(params), "--label", owner_label(node),
             *[a for k, v in (labels or {}).items() for a in ("--label", f"{k}={v}")],
             "--network", "host", "--ipc", "host", "--shm-size", rt.shm_size, *rt.docker_args]
     if rt.gpus:
@@ -72,16 +96,32 @@ def with_entrypoint(entrypoint: str | None, image: str | None, command: Sequence
 
 
 @contextmanager
-def token_file(cluster: Cluster, nodes: list[Node], path: str, secret: str | None) -> Iterator[str | None]:
-    """The Hugging Face token as ``docker run --env-file`` on ``nodes`` (mode 600, never on a
-    command line), removed when the block ends, whatever happens; None without a token. Raises
+def secrets_file(cluster: Cluster, nodes: list[Node], path: str | Callable[[Node], str],
+                 values: Mapping[str, str]) -> Iterator[str | Callable[[Node], str] | None]:
+    """``values`` (secrets: tokens, keys) as a ``docker run/exec --env-file`` on ``nodes`` at
+    ``path`` (or ``path(node)``): mode 600 from its first byte, never on a command line, removed
+    when the block ends, whatever happens; None when there is nothing to write. Raises
     :class:`~sparkbook.errors.CheckFailed` naming the nodes where it cannot be written."""
-    if not secret:
+    if not values:
         yield None
         return
+    path_of = path if callable(path) else (lambda node: path)
     try:
-        cluster.put_bytes(f"HF_TOKEN={secret}\nHUGGING_FACE_HUB_TOKEN={secret}\n".encode(), path, nodes,
-                          mode=0o600).check("write the token file on the nodes")
+        cluster.put_bytes("".join(f"{k}={v}\n" for k, v in values.items()).encode(), path_of, nodes,
+                          mode=0o600).check("write the secrets file on the nodes")
         yield path
     finally:
-        cluster.run(["rm", "-f", path], nodes)
+        cluster.run(lambda n: ["rm", "-f", "--", path_of(n)], nodes)
+
+
+def hf_env(secret: str | None) -> dict[str, str]:
+    """The Hugging Face token under both names the hub's clients read."""
+    return {"HF_TOKEN": secret, "HUGGING_FACE_HUB_TOKEN": secret} if secret else {}
+
+
+@contextmanager
+def token_file(cluster: Cluster, nodes: list[Node], path: str | Callable[[Node], str],
+               secret: str | None) -> Iterator[str | Callable[[Node], str] | None]:
+    """The Hugging Face token alone as a :func:`secrets_file`; None without a token."""
+    with secrets_file(cluster, nodes, path, hf_env(secret)) as written:
+        yield written

@@ -11,23 +11,28 @@ from __future__ import annotations
 import json
 import re
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
+from .. import workdir
 from ..errors import CheckFailed
 from ..params import Params
 from ..progress import Progress
-from ..remote import Cluster, script
+from ..remote import Cluster
+from ..shell import script
 from ..step import Outcome
 from ..verdict import Check
-from .commands import (ENGINE_PATTERN, RAY_CONTAINER, SERVE_FP, SERVE_PATTERN, fingerprint, ray_serve_command,
-                       serving_container, watched_nodes)
+from .commands import (ENGINE_PATTERN, SERVE_FP, SERVE_PATTERN, api_key, fingerprint, ray_container,
+                       ray_serve_command, secrets, secrets_path, serving_container, watched_nodes)
+from .containers import secrets_file
+from .listeners import Listener, read_listeners
 from .logs import Diagnosis, collect_logs, diagnose
 from .ray import ray_nodes
 from .startup import Stall, StallWatch, read_progress
-from .state import NodeState, node_states, port_conflicts, require_image, start
+from .state import NodeState, node_states, port_conflicts, remove, require_image, start
 
 
 @dataclass
@@ -50,6 +55,9 @@ class Deployment(Outcome):
     stall: Stall | None = None           # set when the start-up stopped making progress
     ray_workers: dict[str, int] = field(default_factory=dict)  # ray: vLLM's worker actors per node
     ray_workers_error: str | None = None  # ray: why the actors could not be listed
+    listeners: dict[str, list[Listener]] = field(default_factory=dict)  # what the containers listen on
+    key_refused: bool = False            # vLLM answered, but refused the request for its key (401)
+    secrets: dict[str, list[str]] = field(default_factory=dict)  # secret variables the containers hold (names)
 
     def key_numbers(self) -> list[tuple[str, str]]:
         took = f"ready in {self.seconds:.0f} s" if self.ready else f"not ready after {self.seconds:.0f} s"
@@ -61,6 +69,7 @@ def serve(params: Params, cluster: Cluster, run_dir: Path,
     """Bring vLLM up across the nodes (or keep it, when it is healthy and unchanged), wait for it,
     and diagnose when it does not come up. Never leaves a half-started deployment running."""
     t0 = time.monotonic()
+    require_key(params)
     dep = Deployment(fingerprints={n.name: fingerprint(params, n, False) for n in watched_nodes(params)},
                      executor=params.serving.executor)
     states = node_states(params, cluster)
@@ -69,12 +78,13 @@ def serve(params: Params, cluster: Cluster, run_dir: Path,
         raise CheckFailed("cannot read the nodes' containers: " + "; ".join(bad))
     running, same = what_runs(params, cluster, states, dep.fingerprints)
     if same and running:
-        ok, models, _ = healthy(params)
-        if ok:
-            dep.action, dep.ready, dep.models, dep.seen = "kept", True, models, "healthy, unchanged"
+        health = healthy(params)
+        if health.ready:
+            dep.action, dep.ready, dep.models, dep.seen = "kept", True, health.models, "healthy, unchanged"
             record_ray_workers(params, cluster, dep)
+            dep.listeners, dep.secrets = read_listeners(params, cluster, params.serving_nodes)
             dep.seconds = time.monotonic() - t0
-            say(f"vLLM is already serving {', '.join(models)} and matches the parameters: nothing changed")
+            say(f"vLLM is already serving {', '.join(health.models)} and matches the parameters: nothing changed")
             return dep
     require_image(params, states)  # before a running deployment is replaced
     dep.action = "restarted" if running else "started"
@@ -97,8 +107,20 @@ def serve(params: Params, cluster: Cluster, run_dir: Path,
             say("not ready: logs of every node saved; stopping what was started")
             remove_serving(params, cluster, grace=10)  # a hung rank would hold a graceful stop
     record_ray_workers(params, cluster, dep)
+    if dep.ready:
+        dep.listeners, dep.secrets = read_listeners(params, cluster, params.serving_nodes)
     dep.seconds = time.monotonic() - t0
     return dep
+
+
+def require_key(params: Params) -> None:
+    """The variable ``serving.api_key_env`` names holds a key (validation refuses ``--api-key`` in
+    ``serving.extra_args``: the key comes from there and nowhere else). Raises
+    :class:`~sparkbook.errors.CheckFailed` before anything starts."""
+    name = params.serving.api_key_env
+    if name and not api_key(params):
+        raise CheckFailed(f"serving.api_key_env names {name}, which is not set (or empty) on this "
+                          "machine: export it before starting vLLM, or remove serving.api_key_env")
 
 
 def record_ray_workers(params: Params, cluster: Cluster, dep: Deployment) -> None:
@@ -128,17 +150,20 @@ def start_serving(params: Params, cluster: Cluster, states: dict[str, NodeState]
     if params.serving.executor != "ray":
         start(params, cluster, params.serving_nodes, False, say=say)
         return
-    if not all(states[n.name].running(RAY_CONTAINER) for n in params.serving_nodes):
+    if not all(states[n.name].running(ray_container(params)) for n in params.serving_nodes):
         raise CheckFailed("the Ray cluster is not running on every node: run 04_ray_cluster first")
-    cluster.run(ray_serve_command(params), [params.head], timeout=60).check(
-        "start vllm serve in the Ray container", "see the message above; 04_ray_cluster "
-        "forms the Ray cluster it runs in")
+    head = [params.head]
+    workdir.prepare(params, cluster, head)
+    with secrets_file(cluster, head, lambda n: secrets_path(params, n), secrets(params, False)):
+        cluster.run(ray_serve_command(params), head, timeout=60).check(
+            "start vllm serve in the Ray container", "see the message above; 04_ray_cluster "
+            "forms the Ray cluster it runs in")
 
 
 def serving_fingerprint(params: Params, cluster: Cluster) -> str | None:
     """The fingerprint vllm serve in the head's Ray container was started with ("" when it has
     none); None when it does not run."""
-    r = cluster.run_on(params.head, script("serve_fingerprint.sh", RAY_CONTAINER, SERVE_PATTERN, SERVE_FP))
+    r = cluster.run_on(params.head, script("serve_fingerprint.sh", ray_container(params), SERVE_PATTERN, SERVE_FP))
     found = re.search(r"^FP=(.*)$", r.stdout, re.M) if r.ok else None
     return found.group(1).strip() if found else None
 
@@ -147,10 +172,10 @@ def remove_serving(params: Params, cluster: Cluster, grace: float = 60) -> None:
     """Stop vLLM: its containers (mp), or vllm serve in the head's Ray container (``grace``
     seconds to shut down, then killed), waited for so that its port is free when this returns."""
     if params.serving.executor == "ray":
-        cluster.run(script("stop_serve.sh", RAY_CONTAINER, SERVE_PATTERN, ENGINE_PATTERN, f"{grace:.0f}"),
+        cluster.run(script("stop_serve.sh", ray_container(params), SERVE_PATTERN, ENGINE_PATTERN, f"{grace:.0f}"),
                     [params.head], timeout=grace + 30)
     else:
-        cluster.run(["docker", "rm", "-f", params.runtime.container_name])
+        cluster.run(remove(params, serving_container(params)))
 
 
 def wait_ready(params: Params, cluster: Cluster, dep: Deployment, timeout: float) -> None:
@@ -163,9 +188,10 @@ def wait_ready(params: Params, cluster: Cluster, dep: Deployment, timeout: float
     with Progress(f"waiting for vLLM at {params.endpoint} (up to {timeout:.0f} s; a stall is called "
                   f"after {params.serving.stall_timeout:.0f} s without progress)") as progress:
         while time.monotonic() < deadline:
-            dep.ready, dep.models, dep.seen = healthy(params)
+            health = healthy(params)
+            dep.ready, dep.models, dep.seen, dep.key_refused = health
             progress.update("api", f"{time.monotonic() - t0:5.0f} s  {dep.seen}", force=dep.ready)
-            if dep.ready:
+            if dep.ready or health.refused:  # up, but the key is refused: no use waiting
                 return
             readings = read_progress(params, cluster)
             dep.stall = watch.update(readings)
@@ -184,20 +210,36 @@ def wait_ready(params: Params, cluster: Cluster, dep: Deployment, timeout: float
         dep.seen = f"not ready after {timeout:.0f} s ({dep.seen})"
 
 
-def healthy(params: Params, timeout: float = 5) -> tuple[bool, list[str], str]:
-    """(ready, served model IDs, what was seen): /health answers 200 and /v1/models lists a model."""
+class Health(NamedTuple):
+    ready: bool
+    models: list[str]
+    seen: str
+    refused: bool = False  # the API answers but refuses the request (401: no key, or another key)
+
+
+def healthy(params: Params, timeout: float = 5) -> Health:
+    """Whether /health answers 200 and /v1/models lists a model (with the API key, when the
+    parameters name one): the served model IDs, what was seen."""
+    key = api_key(params)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
         with _get(f"{params.endpoint}/health", timeout) as r:
             if r.status != 200:
-                return False, [], f"/health answered {r.status}"
-        with _get(f"{params.endpoint}/v1/models", timeout) as r:
+                return Health(False, [], f"/health answered {r.status}")
+        with _get(f"{params.endpoint}/v1/models", timeout, headers) as r:
             ids = [m["id"] for m in json.load(r).get("data", [])]
-        return bool(ids), ids, "ready" if ids else "/v1/models lists no model"
+        return Health(bool(ids), ids, "ready" if ids else "/v1/models lists no model")
+    except urllib.error.HTTPError as e:
+        if e.code == 401:
+            return Health(False, [], "the API refused the request (HTTP 401): " + (
+                "the key of serving.api_key_env is not the one vLLM requires" if key else
+                "vLLM requires an API key: name the variable that holds it in serving.api_key_env"), True)
+        return Health(False, [], f"HTTP {e.code} from {e.url}")
     except (OSError, ValueError) as e:
-        return False, [], f"{type(e).__name__}: {getattr(e, 'reason', e)}"
+        return Health(False, [], f"{type(e).__name__}: {getattr(e, 'reason', e)}")
 
 
-def _get(url: str, timeout: float):
+def _get(url: str, timeout: float, headers: dict[str, str] | None = None):
     # straight to the node, never through a proxy from this machine's environment
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    return opener.open(url, timeout=timeout)
+    return opener.open(urllib.request.Request(url, headers=headers or {}), timeout=timeout)

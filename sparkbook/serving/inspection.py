@@ -10,16 +10,18 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .. import workdir
 from ..params import Params
-from ..remote import REMOTE_DIR, SCRIPTS, Cluster, script
+from ..redact import mask
+from ..remote import Cluster
+from ..shell import SCRIPTS
 from ..tables import Table, short_id
 from ..verdict import FAIL, PASS, WARN, Check
 from .commands import serve_args, shown
-from .containers import docker_run
+from .containers import docker_run, named
+from .state import replace
 
-INSPECT_CONTAINER = "sparkbook-inspect"
 INSPECT_SCRIPT = SCRIPTS / "inspect_vllm.py"
-REMOTE_SCRIPT = f"{REMOTE_DIR}/inspect_vllm.py"
 CACHE = "image_inspection.json"  # in the run folder: the last inspection, per image ID and model
 
 
@@ -58,12 +60,14 @@ def inspect_image(params: Params, cluster: Cluster, run_dir: Path | None = None)
         if old.pop("model", None) == params.model.path and old.get("image_id") == info.image_id:
             return ImageInfo(**old)
     start = time.monotonic()
-    cluster.put(INSPECT_SCRIPT, REMOTE_SCRIPT, [head]).check("copy the inspection script")
-    run = docker_run(params, head, INSPECT_CONTAINER, ["python3", REMOTE_SCRIPT, params.model.path],
+    workdir.prepare(params, cluster, [head])
+    remote = f"{workdir.workdir(params, head)}/inspect_vllm.py"
+    cluster.put(INSPECT_SCRIPT, remote, [head]).check("copy the inspection script")
+    name = named(params, "inspect")
+    run = docker_run(params, head, name, ["python3", remote, params.model.path],
                      detach=False, remove=True,
-                     mounts=[f"{REMOTE_SCRIPT}:{REMOTE_SCRIPT}:ro",
-                             f"{params.model.path}:{params.model.path}:ro"])
-    r = cluster.run_on(head, script("replace_container.sh", INSPECT_CONTAINER, *run), timeout=300)
+                     mounts=[f"{remote}:{remote}:ro", f"{params.model.path}:{params.model.path}:ro"])
+    r = cluster.run_on(head, replace(params, head, name, run), timeout=300)
     found = re.search(r"^INSPECT (.*)$", r.stdout, re.M)
     if not found:
         info.errors["inspect"] = f"{shown(run)} printed no result: {r.summary()}"
@@ -77,7 +81,7 @@ def inspect_image(params: Params, cluster: Cluster, run_dir: Path | None = None)
     info.seconds = time.monotonic() - start
     if cache:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps({**asdict(info), "model": params.model.path}, indent=2) + "\n")
+        cache.write_text(mask(json.dumps({**asdict(info), "model": params.model.path}, indent=2)) + "\n")
     return info
 
 

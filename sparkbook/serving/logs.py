@@ -12,8 +12,10 @@ from pathlib import Path
 from .. import signatures
 from ..params import Params
 from ..parsers import parse_sections
-from ..remote import Cluster, script
-from .commands import RAY_CONTAINER, SERVE_LOG
+from ..redact import mask
+from ..remote import Cluster
+from ..shell import script
+from .commands import container_name, ray_container, serve_log
 
 
 @dataclass
@@ -30,9 +32,9 @@ def collect_logs(params: Params, cluster: Cluster, run_dir: Path, containers: li
                  tag: str = "") -> dict[str, Path]:
     """Every node's sparkbook container logs, vllm serve's log, `ray status` and process list into
     ``run_dir/logs/<node>/`` (before anything is removed); ``tag`` prefixes the files' names."""
-    names = containers or [RAY_CONTAINER, params.runtime.container_name]
+    names = containers or [ray_container(params), container_name(params, False)]
     out = {}
-    for node, r in cluster.run(script("collect_logs.sh", RAY_CONTAINER, SERVE_LOG, *names),
+    for node, r in cluster.run(lambda n: script("collect_logs.sh", ray_container(params), serve_log(params, n), *names),
                                timeout=60).items():
         folder = run_dir / "logs" / node
         folder.mkdir(parents=True, exist_ok=True)
@@ -43,7 +45,7 @@ def collect_logs(params: Params, cluster: Cluster, run_dir: Path, containers: li
                 continue
             stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", key.replace("docker logs ", ""))
             fname = stem if stem.endswith(".log") else stem + ".log"
-            (folder / (f"{tag}-{fname}" if tag else fname)).write_text(text)
+            (folder / (f"{tag}-{fname}" if tag else fname)).write_text(mask(text))
         out[node] = folder
     return out
 

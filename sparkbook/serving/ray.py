@@ -14,11 +14,13 @@ from ..errors import CheckFailed
 from ..params import Params
 from ..parsers import parse_sections
 from ..progress import Progress
-from ..remote import Cluster, script
+from ..remote import Cluster
+from ..shell import script
 from ..step import Outcome
-from .commands import RAY_CONTAINER, fingerprint
+from .commands import fingerprint, ray_container
+from .listeners import Listener, read_listeners
 from .logs import collect_logs
-from .state import node_states, require_image, start
+from .state import node_states, remove, require_image, start
 
 
 class RayNode(TypedDict):
@@ -37,15 +39,19 @@ class RayCluster(Outcome):
     error: str | None = None
     workers: dict[str, int] = field(default_factory=dict)  # with actors: vLLM's Ray workers by node
     workers_error: str | None = None  # why the actors could not be listed
+    version: str | None = None  # the Ray of the image (token authentication from 2.52)
+    listeners: dict[str, list[Listener]] = field(default_factory=dict)  # what the containers listen on
 
 
 def ray_nodes(params: Params, cluster: Cluster, actors: bool = False) -> RayCluster:
     """The Ray cluster as the head's Ray sees it, by node name (matched on fabric addresses); with
     ``actors``, also vLLM's Ray workers per node (every node of the cluster, 0 where it has none;
     a call to Ray's state API, so not on every poll)."""
-    r = cluster.run_on(params.head, script("ray_nodes.sh", RAY_CONTAINER, *(["actors"] if actors else [])),
+    r = cluster.run_on(params.head, script("ray_nodes.sh", ray_container(params), *(["actors"] if actors else [])),
                        timeout=90)
     out = RayCluster(status_text=parse_sections(r.stdout).get("status", ""))
+    version = re.search(r"^RAYVERSION (\S+)$", r.stdout, re.M)
+    out.version = version.group(1) if version else None
     found = re.search(r"^RAYNODES (.*)$", r.stdout, re.M)
     if not found:
         out.error = r.summary()
@@ -78,13 +84,14 @@ def form_ray_cluster(params: Params, cluster: Cluster, run_dir: Path | None = No
     in the cluster with its GPUs (CPUs in the lab). Idempotent: a matching cluster is kept. With
     the mp executor nothing uses the cluster: it is stopped once checked."""
     start_t = time.monotonic()
+    name = ray_container(params)
     current = node_states(params, cluster)
-    stray = [n for n in params.nodes if n not in params.serving_nodes and current[n.name].running(RAY_CONTAINER)]
+    stray = [n for n in params.nodes if n not in params.serving_nodes and current[n.name].running(name)]
     if stray:  # a node that no longer serves must not offer its GPUs to vLLM's placement group
         say(f"removing the Ray container of {', '.join(n.name for n in stray)}: not in serving.nodes")
-        cluster.run(["docker", "rm", "-f", RAY_CONTAINER], stray).check(
+        cluster.run(remove(params, name), stray).check(
             "remove the Ray container of the nodes outside serving.nodes", "08_teardown removes it")
-    running = all(current[n.name].current(RAY_CONTAINER, fingerprint(params, n, True)) for n in params.serving_nodes)
+    running = all(current[n.name].current(name, fingerprint(params, n, True)) for n in params.serving_nodes)
     rc = ray_nodes(params, cluster) if running else RayCluster(missing=[n.name for n in params.serving_nodes])
     if not rc.missing:
         say("the Ray cluster is already up with every node and matches the parameters: kept")
@@ -97,6 +104,8 @@ def form_ray_cluster(params: Params, cluster: Cluster, run_dir: Path | None = No
             raise
         rc = wait_joined(params, cluster, timeout)
     rc.seconds = time.monotonic() - start_t
+    if not rc.missing:
+        rc.listeners, _ = read_listeners(params, cluster, params.serving_nodes)
     if rc.missing:  # nothing half-formed stays up: logs first (with a run folder), then the containers
         stop_ray(params, cluster, run_dir)
     elif params.serving.executor != "ray":
@@ -122,6 +131,7 @@ def wait_joined(params: Params, cluster: Cluster, timeout: float) -> RayCluster:
 
 def stop_ray(params: Params, cluster: Cluster, run_dir: Path | None) -> None:
     """Remove the Ray containers (their logs saved first, with a run folder)."""
+    name = ray_container(params)
     if run_dir:
-        collect_logs(params, cluster, run_dir, [RAY_CONTAINER])
-    cluster.run(["docker", "rm", "-f", RAY_CONTAINER])
+        collect_logs(params, cluster, run_dir, [name])
+    cluster.run(remove(params, name))

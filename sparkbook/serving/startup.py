@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 
 from ..params import Params
 from ..parsers import parse_sections
-from ..remote import Cluster, script
+from ..remote import Cluster
+from ..shell import script
 from ..signatures import ray_address
-from .commands import RAY_CONTAINER, SERVE_LOG, SERVE_PATTERN, serving_container
+from .commands import SERVE_PATTERN, serve_log, serving_container
 
 TAIL_LINES = 40
 # CPU seconds per second of wall time above which vLLM's processes count as working: an idle
@@ -100,8 +101,9 @@ def read_progress(params: Params, cluster: Cluster) -> dict[str, NodeProgress]:
         if params.serving.executor != "ray":
             return script("serving_progress.sh", name, "mp", TAIL_LINES)
         if node.role == "head":
-            return script("serving_progress.sh", RAY_CONTAINER, "ray-head", TAIL_LINES, SERVE_PATTERN, SERVE_LOG)
-        return script("serving_progress.sh", RAY_CONTAINER, "ray-worker", TAIL_LINES)
+            return script("serving_progress.sh", name, "ray-head", TAIL_LINES, SERVE_PATTERN,
+                          serve_log(params, node))
+        return script("serving_progress.sh", name, "ray-worker", TAIL_LINES)
 
     out = {}
     for n, r in cluster.run(cmd, params.serving_nodes, timeout=30).items():

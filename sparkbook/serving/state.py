@@ -3,17 +3,20 @@ what must hold before they start (the head's image on every node, the ports free
 
 from __future__ import annotations
 
+import secrets as random_secrets
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .. import redact, workdir
 from ..errors import CheckFailed
 from ..params import Node, Params
 from ..parsers import listener, parse_sections
-from ..remote import Cluster, command_line, script
+from ..remote import Cluster
+from ..shell import Script, command_line, script
 from ..tables import short_id
 from ..verdict import FAIL, Check
-from .commands import ENV_FILE, FINGERPRINT, LOG_DIR, container_command, container_name, groups, token
-from .containers import LABEL, token_file
+from .commands import FINGERPRINT, container_command, container_name, groups, secrets, secrets_path
+from .containers import deployment_label, owner_label, secrets_file
 
 
 @dataclass
@@ -36,9 +39,11 @@ class NodeState:
 
 
 def node_states(params: Params, cluster: Cluster) -> dict[str, NodeState]:
-    """Every node's sparkbook containers, the configured image and TCP listeners (one round trip)."""
+    """Every node's containers of this deployment, the configured image and TCP listeners (one
+    round trip)."""
     out = {}
-    for name, r in cluster.run(script("serving_state.sh", LABEL, FINGERPRINT, params.runtime.image)).items():
+    for name, r in cluster.run(script("serving_state.sh", deployment_label(params), FINGERPRINT,
+                                      params.runtime.image)).items():
         out[name] = parse_state(r.stdout) if r.ok else NodeState(error=r.summary())
     return out
 
@@ -60,17 +65,33 @@ def parse_state(text: str) -> NodeState:
 def start(params: Params, cluster: Cluster, nodes: list[Node], ray: bool,
           say: Callable[[str], object] = print) -> None:
     """Start the containers on ``nodes`` in order (see :func:`groups`: each group on all of its
-    nodes at once), in place of any of the same name, passing the token through a mode-600 file
-    removed right after."""
-    cluster.run(["mkdir", "-p", LOG_DIR], nodes).check("make the log folder on the nodes")
+    nodes at once), in place of this deployment's container of the same name (never another's),
+    passing the secrets through a mode-600 file in the private working folder, removed right
+    after. A new Ray cluster gets a new token of its own."""
+    workdir.prepare(params, cluster, nodes)
     name = container_name(params, ray)
-    with token_file(cluster, nodes, ENV_FILE, token(params)):
+    ray_token = random_secrets.token_hex(32) if ray else None
+    if ray_token:
+        redact.protect_value(ray_token)
+    with secrets_file(cluster, nodes, lambda n: secrets_path(params, n), secrets(params, ray, ray_token)):
         for group in groups(nodes, ray):
             say(f"starting {name} on {', '.join(n.name for n in group)}")
-            cluster.run(lambda n: script("replace_container.sh", name, *container_command(params, n, ray)),
+            cluster.run(lambda n: replace(params, n, name, container_command(params, n, ray)),
                         group, timeout=120).check(
                 f"start {name}", "see the command and its message above; 08_teardown removes "
                 "what was started")
+
+
+def replace(params: Params, node: Node, name: str, command: list[str]):
+    """``command`` (a ``docker run --name NAME``) in place of this deployment's container NAME on
+    ``node``, started by this SSH user; refused when a container of that name is someone else's."""
+    return script("replace_container.sh", name, deployment_label(params), owner_label(node), *command)
+
+
+def remove(params: Params, *names: str) -> Callable[[Node], Script]:
+    """Remove this deployment's containers that this SSH user started (all of them, or those
+    ``names``): never another's. Per node, for :meth:`Cluster.run`."""
+    return lambda node: script("remove_containers.sh", deployment_label(params), owner_label(node), *names)
 
 
 def require_image(params: Params, states: dict[str, NodeState]) -> None:

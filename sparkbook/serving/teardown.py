@@ -1,5 +1,6 @@
-"""Every sparkbook container off every node (08), their logs kept first; then nothing may be left
-running or listening on the configured ports."""
+"""Every container of this deployment off every node (08), their logs kept first; then nothing may
+be left running or listening on the configured ports. Another deployment's containers on the same
+nodes (another ``name``) are left alone."""
 
 from __future__ import annotations
 
@@ -9,12 +10,11 @@ from pathlib import Path
 
 from ..params import Params
 from ..parsers import listener
-from ..remote import Cluster, script
+from ..remote import Cluster
 from ..step import Outcome
-from .commands import ENV_FILE
-from .containers import LABEL
+from .commands import secrets_path
 from .logs import collect_logs
-from .state import NodeState, node_states
+from .state import NodeState, node_states, remove
 
 SETTLE_S = 30  # sockets close a moment after their process: how long to wait for the ports
 
@@ -31,14 +31,16 @@ class Teardown(Outcome):
 
 
 def teardown(params: Params, cluster: Cluster, run_dir: Path) -> Teardown:
-    """Logs first, then every sparkbook container on every node; then check that none is left and
-    nothing listens on the configured ports."""
+    """Logs first, then every container of this deployment on every node (and a secrets file an
+    interrupted start left); then check that none is left and nothing listens on the configured
+    ports."""
     out = Teardown()
     collect_logs(params, cluster, run_dir)
     for n, st in node_states(params, cluster).items():
         if st.containers:
             out.removed[n] = sorted(st.containers)
-    cluster.run(script("remove_containers.sh", LABEL, ENV_FILE), timeout=120)
+    cluster.run(remove(params), timeout=120)
+    cluster.run(lambda n: ["rm", "-f", "--", secrets_path(params, n)])
     deadline = time.monotonic() + SETTLE_S
     while True:
         left(params, node_states(params, cluster), out)

@@ -10,6 +10,7 @@ from ..bench import checks as bench_checks
 from ..bench import load, plots as bench_plots, records
 from ..bench.records import Results
 from ..params import Params
+from ..serving.commands import api_key
 from ..tables import Table
 from ..verdict import Check
 
@@ -22,9 +23,10 @@ TITLE = "benchmark"
 
 def run(ctx: Context, **kw: Any) -> Results:
     """The whole benchmark of ``params.benchmark`` against ``params.endpoint`` (``kw``: the
-    options of :func:`sparkbook.bench.load.run`)."""
+    options of :func:`sparkbook.bench.load.run`), with the API key of ``serving.api_key_env``."""
     p = ctx.params
-    return load.run(p.endpoint, p.served_model, p.benchmark, max_model_len=p.serving.max_model_len, **kw)
+    return load.run(p.endpoint, p.served_model, p.benchmark, max_model_len=p.serving.max_model_len,
+                    api_key=api_key(p) or "EMPTY", **kw)
 
 
 def table(outcome: Results) -> Table:

@@ -7,10 +7,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..params import Params
-from ..serving.commands import RAY_CONTAINER
+from ..serving import listeners
+from ..serving.commands import ray_container
 from ..serving.ray import RayCluster, form_ray_cluster
 from ..tables import Table
-from ..verdict import FAIL, PASS, Check
+from ..verdict import FAIL, PASS, WARN, Check
 
 if TYPE_CHECKING:
     from ..notebook import Context
@@ -31,22 +32,56 @@ def table(outcome: RayCluster) -> Table:
     return Table(["node", "address", "CPU", "GPU", "object store GB"], rows, title="Ray cluster")
 
 
+def listeners_table(params: Params, outcome: RayCluster) -> Table:
+    """Every address the Ray containers listen on, node by node."""
+    return listeners.table(params, outcome.listeners)
+
+
+# Ray's token authentication: Ray 2.52 and later (docs.ray.io, "Ray token authentication")
+TOKEN_AUTH_SINCE = (2, 52)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split(".")[:2] if p.isdigit())
+
+
+def token_check(params: Params, outcome: RayCluster) -> list[Check]:
+    """Whether the image's Ray requires the token sparkbook gives every Ray container."""
+    if not outcome.version:
+        return []
+    has = _version(outcome.version) >= TOKEN_AUTH_SINCE
+    return [Check("Ray token authentication", params.head.name, PASS if has else WARN,
+                  f"Ray {outcome.version}: " + ("every Ray service requires the cluster's token" if has else
+                                                "no token authentication in this Ray"),
+                  "Ray 2.52 or later (RAY_AUTH_MODE=token)",
+                  "" if has else "anyone who reaches Ray's ports on the fabric can run code in the "
+                  "containers: keep the fabric private, or use an image with Ray 2.52 or later")]
+
+
 def checks(params: Params, outcome: RayCluster) -> list[Check]:
     """Every serving node in the Ray cluster, with its GPUs, and no other node in it (vLLM's
-    placement group could land on it)."""
+    placement group could land on it); Ray's token; every address bound where it should be."""
+    out = _membership(params, outcome)
+    if not outcome.missing:
+        out += token_check(params, outcome) + listeners.checks(params, outcome.listeners)
+    return out
+
+
+def _membership(params: Params, outcome: RayCluster) -> list[Check]:
     serving = {n.name for n in params.serving_nodes}
+    ray = ray_container(params)
     out = [Check("in the Ray cluster", name, FAIL, f"joined at {rec['ip']}", "only the nodes of serving.nodes",
-                 "08_teardown, then 04_ray_cluster again", f"docker rm -f {RAY_CONTAINER}  # on {name}")
+                 "08_teardown, then 04_ray_cluster again", f"docker rm -f {ray}  # on {name}")
            for name, rec in outcome.nodes.items() if name not in serving]
     for n in params.serving_nodes:
         rec = outcome.nodes.get(n.name)
         if rec is None:
             out.append(Check("in the Ray cluster", n.name, FAIL, outcome.error or "not in `ray status`",
                              f"joined at {n.fabric_address}",
-                             f"docker logs {RAY_CONTAINER} on {n.name}: the worker must reach "
+                             f"docker logs {ray} on {n.name}: the worker must reach "
                              f"{params.head.fabric_address}:{params.ports.ray} on the fabric (firewall, "
                              "rail addresses: 01_preflight); the Ray versions of the nodes must match (03)",
-                             f"docker exec {RAY_CONTAINER} ray status"))
+                             f"docker exec {ray} ray status"))
             continue
         res = rec["resources"]
         out.append(Check("in the Ray cluster", n.name, PASS, f"{rec['ip']}, {res.get('CPU', 0):g} CPU"))

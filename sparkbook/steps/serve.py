@@ -7,9 +7,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..params import Params
-from ..remote import command_line
-from ..serving.commands import RAY_CONTAINER, serving_container
+from ..serving import listeners
+from ..serving.commands import api_bind, api_key, beyond_loopback, ray_container, serving_container
 from ..serving.deploy import Deployment, serve
+from ..shell import command_line
 from ..tables import Table
 from ..verdict import FAIL, PASS, WARN, Check
 
@@ -37,7 +38,21 @@ def table(outcome: Deployment) -> Table:
     return Table(["", "value"], rows, title="vLLM serving")
 
 
-LIST_ACTORS = command_line(["docker", "exec", RAY_CONTAINER, "ray", "list", "actors"])
+def listeners_table(params: Params, outcome: Deployment) -> Table:
+    """Every address the serving containers listen on, node by node."""
+    return listeners.table(params, outcome.listeners)
+
+
+def key_check(params: Params) -> list[Check]:
+    """A WARN when the API answers beyond loopback and requires no key."""
+    bind = api_bind(params)
+    if api_key(params) or not beyond_loopback(bind):
+        return []
+    return [Check("API key", params.head.name, WARN, f"vLLM's API listens on {bind} and requires no key",
+                  "a key where the API is reachable beyond loopback",
+                  "anyone who reaches the address can use the model: put a key in an environment "
+                  "variable of this machine and name it in serving.api_key_env, or set serving.bind "
+                  "to 127.0.0.1 and reach the API through an SSH tunnel")]
 
 
 def ray_worker_checks(params: Params, dep: Deployment) -> list[Check]:
@@ -46,18 +61,19 @@ def ray_worker_checks(params: Params, dep: Deployment) -> list[Check]:
     if params.serving.executor != "ray":
         return []
     head, want = params.head.name, params.serving.tensor_parallel_size * params.serving.pipeline_parallel_size
+    list_actors = command_line(["docker", "exec", ray_container(params), "ray", "list", "actors"])
     if dep.ray_workers_error:
         return [Check("vLLM's Ray workers", head, WARN, f"Ray's actors could not be listed: "
                       f"{dep.ray_workers_error}", f"{want} worker actor(s)",
                       "the image's Ray lacks its state API (ray[default]); `ray list actors` in the "
-                      "head's Ray container shows them", LIST_ACTORS)]
+                      "head's Ray container shows them", list_actors)]
     got = sum(dep.ray_workers.values())
     where = ", ".join(f"{n}: {k}" for n, k in dep.ray_workers.items())
     return [Check("vLLM's Ray workers", head, PASS if got == want else FAIL, f"{got} ({where})",
                   f"{want} worker actor(s) (tensor × pipeline parallel)",
                   "" if got == want else "vLLM did not start its workers through Ray: read "
                   "logs/<node>/vllm-serve.log for the executor it chose",
-                  LIST_ACTORS)]
+                  list_actors)]
 
 
 def checks(params: Params, outcome: Deployment) -> list[Check]:
@@ -71,7 +87,12 @@ def checks(params: Params, outcome: Deployment) -> list[Check]:
                       f"({dep.action}, {dep.seconds:.0f} s)", "/health and /v1/models answer"),
                 Check("served model", head, PASS if want in dep.models else FAIL, ", ".join(dep.models), want,
                       "" if want in dep.models else "check serving.served_model_name"),
-                *ray_worker_checks(params, dep)]
+                *ray_worker_checks(params, dep), *key_check(params),
+                *listeners.checks(params, dep.listeners)]
+    if dep.key_refused:
+        return [Check("API key", head, FAIL, dep.seen, "/v1/models answers with the key of serving.api_key_env",
+                      "vLLM reads its key from VLLM_API_KEY: the variable serving.api_key_env names must "
+                      "hold the same key, and nothing else may set one (an image's environment)")]
     out = []
     for node, how in dep.stopped.items():
         killed = "137" in how or "143" in how or "OOM" in how

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import smoke
 from ..params import Params
+from ..serving.commands import api_key
 from ..smoke import SmokeTest
 from ..tables import Table
 from ..verdict import COLOURS, Check
@@ -20,11 +21,12 @@ TITLE = "smoke test"
 
 def run(ctx: Context, **kw: Any) -> SmokeTest:
     """Every smoke check against ``params.endpoint``, with the serving parameters' reasoning and
-    tool-call parsers (``kw``: the options of :func:`sparkbook.smoke.run`, e.g. ``timeout``, or
-    ``reasoning_budget`` for a model that thinks at length)."""
+    tool-call parsers and the API key of ``serving.api_key_env`` (``kw``: the options of
+    :func:`sparkbook.smoke.run`, e.g. ``timeout``, or ``reasoning_budget`` for a model that thinks
+    at length)."""
     p = ctx.params
     return smoke.run(p.endpoint, p.served_model, reasoning_parser=p.serving.reasoning_parser,
-                     tool_call_parser=p.serving.tool_call_parser, **kw)
+                     tool_call_parser=p.serving.tool_call_parser, api_key=api_key(p) or "EMPTY", **kw)
 
 
 def table(outcome: SmokeTest) -> Table:

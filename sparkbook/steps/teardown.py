@@ -1,12 +1,13 @@
-"""08_teardown: every sparkbook container off every node, their logs kept in the run folder first;
-then no sparkbook container left and nothing listening on the configured ports."""
+"""08_teardown: every container of this deployment off every node, their logs kept in the run
+folder first; then none left and nothing listening on the configured ports. Another deployment's
+containers (another ``name``) are not touched."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from ..params import Params
-from ..serving.containers import LABEL
+from ..serving.containers import deployment_label
 from ..serving.teardown import Teardown, teardown
 from ..tables import Table
 from ..verdict import FAIL, PASS, Check
@@ -19,7 +20,7 @@ TITLE = "08 teardown"
 
 
 def run(ctx: Context) -> Teardown:
-    """Save the logs, remove every sparkbook container, and see what is left."""
+    """Save the logs, remove every container of this deployment, and see what is left."""
     return teardown(ctx.params, ctx.cluster, ctx.run_dir)
 
 
@@ -43,8 +44,8 @@ def checks(params: Params, outcome: Teardown) -> list[Check]:
         out.append(Check("containers removed", n.name, FAIL if left else PASS,
                          ", ".join(left) if left else
                          f"removed {', '.join(removed)}" if removed else "none were running",
-                         "no sparkbook container", f"docker rm -f {' '.join(left)}" if left else "",
-                         f"docker ps -a --filter label={LABEL}"))
+                         "no container of this deployment", f"docker rm -f {' '.join(left)}" if left else "",
+                         f"docker ps -a --filter label={deployment_label(params)}"))
         held = t.listeners.get(n.name)
         out.append(Check("ports released", n.name, FAIL if held else PASS,
                          "; ".join(held) if held else "no listener on the configured ports",

@@ -1,0 +1,206 @@
+"""One run at a time per deployment (issue 15, point 7): the lock on the head. lock.sh is run with
+bash on this machine; the Python side on a `local: true` head (no SSH)."""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sparkbook import lock
+from sparkbook.cli import main
+from sparkbook.notebook import Context
+from sparkbook.params import load
+from sparkbook.remote import Cluster
+from sparkbook.step import Outcome
+from sparkbook.workdir import workdir
+from test_runner import LOCALHOST, START, notebook, step_start
+
+SCRIPT = Path(lock.__file__).parent / "scripts" / "lock.sh"
+RUN_A = ["tA", "alice@ops-1", "ops-1", "4242", "/runs/a", "2026-11-30T10:00:00+00:00"]
+
+
+def sh(*args: str) -> list[str]:
+    r = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, check=True)
+    return r.stdout.splitlines()
+
+
+def test_lock_sh_holds_one_holder_names_it_and_lets_only_it_release(tmp_path):
+    assert sh("acquire", str(tmp_path), *RUN_A)[0] == "LOCK-ACQUIRED"
+    held = sh("acquire", str(tmp_path), "tB", "bob@ops-2", "ops-2", "7", "/runs/b", "now")
+    assert held[0] == "LOCK-HELD"
+    assert {"owner=alice@ops-1", "pid=4242", "run=/runs/a", "age=0"} <= set(held)
+    assert sh("acquire", str(tmp_path), *RUN_A)[0] == "LOCK-OURS"
+    assert sh("release", str(tmp_path), "tB")[0] == "LOCK-HELD"
+    assert sh("take", str(tmp_path), "tOther", "tB", "bob@ops-2", "ops-2", "7", "/b", "now")[0] == "LOCK-HELD"
+    assert sh("release", str(tmp_path), "tA") == ["LOCK-RELEASED"]
+    assert sh("show", str(tmp_path)) == ["LOCK-NONE"]
+    assert os.listdir(tmp_path) == []  # no temporary file left behind
+
+
+def test_lock_sh_of_many_at_once_exactly_one_gets_it(tmp_path):
+    def one(i):
+        return sh("acquire", str(tmp_path), f"t{i}", "u@h", "h", str(i), f"/r{i}", "now")[0]
+    with ThreadPoolExecutor(16) as pool:
+        states = list(pool.map(one, range(32)))
+    assert states.count("LOCK-ACQUIRED") == 1 and states.count("LOCK-HELD") == 31
+    assert os.listdir(tmp_path) == ["lock"]
+
+
+def test_lock_sh_of_many_taking_over_one_stale_lock_exactly_one_gets_it(tmp_path):
+    """Runs that found the same stale lock at once: one replaces it, the others see its holder."""
+    assert sh("acquire", str(tmp_path), *RUN_A)[0] == "LOCK-ACQUIRED"
+
+    def one(i):
+        return sh("take", str(tmp_path), "tA", f"t{i}", "u@h", "h", str(i), f"/r{i}", "now")[0]
+    with ThreadPoolExecutor(16) as pool:
+        states = list(pool.map(one, range(16)))
+    assert states.count("LOCK-ACQUIRED") == 1 and states.count("LOCK-HELD") == 15
+    assert os.listdir(tmp_path) == ["lock"]
+
+
+@pytest.fixture
+def deployment(tmp_path):
+    """Parameters of a deployment of this test's own on this machine (a local head)."""
+    data = yaml.safe_load(LOCALHOST.read_text())
+    data["name"] = f"locktest-{uuid.uuid4().hex[:8]}"
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(data))
+    p = load(path)
+    yield p
+    shutil.rmtree(workdir(p, p.head), ignore_errors=True)
+
+
+def other_run(deployment, *, host="ops-2.example", pid="4242", age_s=0, token="other-token"):
+    """A lock file as another run left it."""
+    d = Path(workdir(deployment, deployment.head))
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    (d / "lock").write_text(f"token={token}\nowner=bob@{host}\nhost={host}\npid={pid}\n"
+                            f"run=/home/bob/outputs/run-b\nstarted=2026-11-30T10:00:00+00:00\n")
+    if age_s:
+        t = time.time() - age_s
+        os.utime(d / "lock", (t, t))
+    return d / "lock"
+
+
+def test_a_second_run_is_refused_naming_the_holder(deployment, monkeypatch):
+    cluster = Cluster.from_params(deployment)
+    first = lock.acquire(deployment, cluster, "/runs/first")
+    assert first.owned and "run=/runs/first" in Path(workdir(deployment, deployment.head), "lock").read_text()
+    monkeypatch.setattr(lock, "_own_token", "another-process")
+    with pytest.raises(lock.LockHeld, match=r"locked by another run: the lock .* held by "
+                       r"\S+@\S+ \(pid \d+, run folder /runs/first"):
+        lock.acquire(deployment, cluster, "/runs/second")
+    first.release()
+    assert lock.acquire(deployment, cluster, "/runs/second").owned
+
+
+@pytest.mark.parametrize("holder, why", [
+    (dict(host="THIS", pid="DEAD"), "its process .* on this machine is gone"),
+    (dict(age_s=lock.STALE_S + 60), "not refreshed for"),
+])
+def test_a_stale_lock_is_reported_and_taken_over(deployment, capsys, holder, why):
+    import socket
+    if holder.get("host") == "THIS":
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        holder = dict(host=socket.gethostname(), pid=str(dead.pid))
+    path = other_run(deployment, **holder)
+    held = lock.acquire(deployment, Cluster.from_params(deployment), "/runs/mine")
+    assert held.owned and "run=/runs/mine" in path.read_text()
+    err = capsys.readouterr().err
+    assert "took over the stale lock of bob@" in err and "run-b" in err
+    assert __import__("re").search(why, err), err
+
+
+def test_a_live_lock_of_another_machine_is_not_taken_over(deployment):
+    other_run(deployment, age_s=lock.STALE_S - 120)
+    with pytest.raises(lock.LockHeld, match="bob@ops-2.example"):
+        lock.acquire(deployment, Cluster.from_params(deployment), "/runs/mine")
+
+
+def test_unlock_breaks_the_lock_and_says_whose_it_was(deployment, tmp_path, capsys):
+    path = other_run(deployment)
+    params_file = tmp_path / "params.yaml"
+    assert main(["unlock", "-p", str(params_file)]) == 0
+    assert "broke the lock held by bob@ops-2.example" in capsys.readouterr().out
+    assert not path.exists()
+    assert main(["unlock", "-p", str(params_file)]) == 0
+    assert "no lock on the head this-machine" in capsys.readouterr().out
+
+
+def test_sparkbook_run_is_refused_while_another_run_holds_the_lock(deployment, tmp_path, capsys):
+    other_run(deployment)
+    d = tmp_path / "notebooks"
+    d.mkdir()
+    notebook(d / "05_serve.ipynb", START, "open('serve-ran', 'w').write('yes')")
+    out = tmp_path / "outputs" / "run"
+    assert main(["run", "-p", str(tmp_path / "params.yaml"), "--notebooks", str(d), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "lock" in err and "bob@ops-2.example" in err and "/home/bob/outputs/run-b" in err
+    assert not (d / "serve-ran").exists() and not out.exists()
+
+
+def test_the_runs_kernels_pass_and_the_lock_is_released_at_the_end(deployment, tmp_path):
+    """The kernels of `sparkbook run` pass the run's lock (a notebook of a state-changing step
+    checks it); after the run the lock is gone."""
+    d = tmp_path / "notebooks"
+    d.mkdir()
+    lock_file = Path(workdir(deployment, deployment.head), "lock")
+    notebook(d / "04_ray_cluster.ipynb", step_start("04_ray_cluster"),
+             f"import pathlib\nassert ctx.held is not None and not ctx.held.owned\n"
+             f"pathlib.Path({str(tmp_path / 'seen')!r}).write_text(pathlib.Path({str(lock_file)!r}).read_text())",
+             "ctx.conclude(sb.step.Outcome())")
+    out = tmp_path / "run"
+    assert main(["run", "-p", str(tmp_path / "params.yaml"), "--notebooks", str(d), "--out", str(out)]) == 0
+    seen = (tmp_path / "seen").read_text()
+    assert f"run={out}" in seen and f"pid={os.getpid()}" in seen  # the runner holds it, not the kernel
+    assert not lock_file.exists() and "SPARKBOOK_LOCK" not in os.environ
+
+
+def step(name):
+    import types
+    return types.SimpleNamespace(NAME=name, TITLE=name, run=lambda ctx: Outcome(),
+                                 checks=lambda params, outcome: [])
+
+
+def test_a_notebook_of_a_state_changing_step_takes_the_lock_and_gives_it_back(deployment, tmp_path):
+    lock_file = Path(workdir(deployment, deployment.head), "lock")
+    ctx = Context(deployment, "test", tmp_path, step("05_serve"))
+    ctx.run()
+    assert f"pid={os.getpid()}" in lock_file.read_text()
+    ctx.conclude(Outcome())
+    assert not lock_file.exists()
+    failing = step("05_serve")
+    failing.run = lambda ctx: 1 / 0
+    with pytest.raises(ZeroDivisionError):  # a cell that fails in JupyterLab keeps no lock
+        Context(deployment, "test", tmp_path, failing).run()
+    assert not lock_file.exists()
+    # a step that does not change the nodes leaves the lock alone
+    other_run(deployment)
+    Context(deployment, "test", tmp_path, step("06_smoke_test")).run()
+    with pytest.raises(lock.LockHeld, match="lock"):
+        Context(deployment, "test", tmp_path, step("08_teardown")).run()
+
+
+def test_an_interactive_kernel_that_exits_gives_the_lock_back(deployment, tmp_path):
+    """A notebook run by hand whose step stopped before it concluded: the lock goes when its
+    kernel (here: a Python process) exits."""
+    lock_file = Path(workdir(deployment, deployment.head), "lock")
+    code = ("import sys, types\nfrom sparkbook.notebook import Context\nfrom sparkbook.params import load\n"
+            "from sparkbook.step import Outcome\n"
+            "s = types.SimpleNamespace(NAME='03_distribute_image', TITLE='t', run=lambda ctx: Outcome(),"
+            " checks=lambda p, o: [])\n"
+            f"ctx = Context(load({str(tmp_path / 'params.yaml')!r}), 'x', {str(tmp_path)!r}, s)\n"
+            f"ctx.run()\nprint(open({str(lock_file)!r}).read())\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={k: v for k, v in os.environ.items() if k != lock.ENV})
+    assert r.returncode == 0, r.stderr
+    assert "run=" + str(tmp_path) in r.stdout and not lock_file.exists()
+
