@@ -70,7 +70,3 @@ def split_extras(diffs: dict[str, str]) -> tuple[dict[str, str], list[str]]:
 def describe_differences(diffs: dict[str, str]) -> list[str]:
     """:func:`manifest_differences` as lines: ``missing a``, ``extra b``, ``c (content differs)``."""
     return [f"{what} {n}" if what in ("missing", "extra") else f"{n} ({what})" for n, what in diffs.items()]
-
-
-def diff_manifests(reference: Manifest, other: Manifest | None) -> list[str]:
-    return describe_differences(manifest_differences(reference, other))

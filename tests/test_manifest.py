@@ -1,6 +1,6 @@
 import subprocess
 
-from sparkbook.manifest import diff_manifests, manifest_differences, manifest_script, parse_manifest
+from sparkbook.manifest import describe_differences, manifest_differences, manifest_script, parse_manifest
 
 
 def _run(script) -> str:
@@ -20,7 +20,7 @@ def test_manifest_lists_sizes_and_hashes_configs(tmp_path):
     assert full["model.safetensors"]["sha256"]
     other = {**m, "config.json": {**m["config.json"], "sha256": "0" * 64}}
     del other["sub/tokenizer.json"]
-    assert diff_manifests(m, other) == ["missing sub/tokenizer.json", "config.json (content differs)"]
+    assert describe_differences(manifest_differences(m, other)) == ["missing sub/tokenizer.json", "config.json (content differs)"]
     assert manifest_differences(m, None) == {n: "missing" for n in sorted(m)}
     assert parse_manifest(_run(manifest_script(str(tmp_path / "none"), False))) is None
 

@@ -25,7 +25,7 @@ from ..redact import mask
 from ..remote import Cluster
 from ..scripts.hub_download import parse_line
 from ..serving.commands import token
-from ..serving.containers import deployment_label, named, owner_label, token_file, with_entrypoint
+from ..serving.containers import deployment_label, hf_env, named, owner_label, secrets_file, with_entrypoint
 from ..serving.state import remove
 from ..shell import SCRIPTS, command_line, sh
 from ..tables import human_bytes
@@ -143,7 +143,7 @@ def fetch_model(params: Params, cluster: Cluster, say: Say = print, show: bool =
     try:
         if secret:
             prepare_workdir(params, cluster, [head])
-        with (token_file(cluster, [head], token_path(params), secret),
+        with (secrets_file(cluster, [head], token_path(params), hf_env(secret)),
               Progress(f"{m.name} from {out.endpoint or 'the hub'}") as progress):
             def each(line: str) -> None:
                 got = parse_line(line)

@@ -117,11 +117,3 @@ def secrets_file(cluster: Cluster, nodes: list[Node], path: str | Callable[[Node
 def hf_env(secret: str | None) -> dict[str, str]:
     """The Hugging Face token under both names the hub's clients read."""
     return {"HF_TOKEN": secret, "HUGGING_FACE_HUB_TOKEN": secret} if secret else {}
-
-
-@contextmanager
-def token_file(cluster: Cluster, nodes: list[Node], path: str | Callable[[Node], str],
-               secret: str | None) -> Iterator[str | Callable[[Node], str] | None]:
-    """The Hugging Face token alone as a :func:`secrets_file`; None without a token."""
-    with secrets_file(cluster, nodes, path, hf_env(secret)) as written:
-        yield written
