@@ -54,6 +54,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_collect(args: argparse.Namespace) -> int:
+    from .bugreport import collect, target
+    from .notebook import open_cluster
+    run_dir, params = target(args.run_dir, args.params)
+    print(collect(run_dir, params, open_cluster(params)))
+    return 0
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from .params import load
     p = load(_params(args))
@@ -78,8 +86,23 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     return 1 if verdict.failures else 0
 
 
+def _nccl_bars(args: argparse.Namespace) -> tuple[float, float | None, str]:
+    """The bars a pasted nccl-tests table is judged against (busbw GB/s, latency µs, and what they
+    are): the DGX Spark pair's, built in, unless ``-p`` names a parameters file."""
+    from .nccltests import PAIR_BARS, PAIR_BUSBW_GBPS, PAIR_LATENCY_US
+    if args.params:
+        from .params import load
+        e = load(args.params).expectations
+        busbw, latency, source = e.busbw_gbps, e.allreduce_latency_us, Path(args.params).name
+    else:
+        busbw, latency, source = PAIR_BUSBW_GBPS, PAIR_LATENCY_US, PAIR_BARS
+    shown = f"{latency:g} us" if latency else "none"
+    return busbw, latency, f"{source}: busbw >= {busbw:g} GB/s, small all-reduce <= {shown}"
+
+
 def cmd_diagnose(args: argparse.Namespace) -> int:
     import textwrap
+    from . import nccltests
     from .signatures import match
     found = 0
     for name in args.logs:
@@ -89,6 +112,10 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
             print(f"sparkbook: cannot read {name}: {e.strerror or e}", file=sys.stderr)
             return 2
         source = "<stdin>" if name == "-" else name
+        if run := nccltests.parse(text):  # a pasted nccl-tests table: judged as 02 judges its sweep
+            text_out, below = nccltests.report(run, source, *_nccl_bars(args))
+            print(text_out)
+            found += below
         hits = match(text, source=source)
         found += len(hits)
         lines = text.count("\n") + (not text.endswith("\n") and bool(text))
@@ -175,6 +202,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", type=Path, metavar="DIR")
     p.set_defaults(func=cmd_report)
 
+    p = sub.add_parser("collect", help="write one archive for a bug report into a run folder",
+                       description="Ask every node at once for what a bug report needs (versions "
+                       "of the OS, kernel, driver, CUDA, Docker, ConnectX-7 firmware and of every "
+                       "package in the serving image or venv; nvidia-smi -q; the kernel log; the logs, "
+                       "Ray session logs and NCCL environment of this deployment's containers) and "
+                       "archive it with the run folder's parameters, "
+                       "verdicts, JSON files and logs, under a summary.md; secrets masked. A node "
+                       "that does not answer is noted. Prints the archive's path.")
+    p.add_argument("run_dir", type=Path, nargs="?", metavar="RUN",
+                   help="run folder (default: the newest under outputs/, of -p's deployment if given)")
+    p.add_argument("-p", "--params", default=None, metavar="FILE",
+                   help="parameters file (default: the run folder's parameters.yaml)")
+    p.set_defaults(func=cmd_collect)
+
     p = sub.add_parser("preflight", help="check the nodes before launch; exit 1 on any FAIL",
                        description="Run every preflight check on all nodes in parallel (SSH, GPU, "
                        "runtime, RoCE rails, path MTU, clocks, ports, disk, image, model, token) and "
@@ -186,9 +227,14 @@ def parser() -> argparse.ArgumentParser:
                        description="Read vLLM, NCCL, Ray, torch or Docker logs (files, or - for "
                        "stdin), from sparkbook's run folders or from a run made by hand, and name "
                        "each known failure with its cause, the evidence line (file:line) and the "
-                       "remedy. No parameters file is needed. Exit code 1 when a known failure is "
-                       "found, 0 when none is.")
+                       "remedy. No parameters file is needed. A pasted nccl-tests output "
+                       "(all_reduce_perf, all_gather_perf) is also judged as 02_collectives judges its "
+                       "sweep: busbw at the plateau and the small-message time, against the DGX Spark "
+                       "pair's bars (built in) unless -p names a parameters file. Exit code 1 when a "
+                       "known failure is found or a table is below a bar, 0 otherwise.")
     p.add_argument("logs", nargs="+", metavar="LOG", help="a log file, or - for stdin")
+    p.add_argument("-p", "--params", default=None, metavar="FILE", help="the expectations for "
+                   "nccl-tests tables (default: the DGX Spark pair's, built in)")
     p.set_defaults(func=cmd_diagnose)
 
     p = sub.add_parser("lab", help="the local lab of simulated DGX Spark nodes",
@@ -207,7 +253,7 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument("--node", help="node to break (default: the first worker; the head for port-busy)")
     q.add_argument("--port", type=int, help="port-busy: the port (default: the API port); "
                    "firewall: the port whose TCP is dropped on the fabric (default: the Ray port)")
-    q.add_argument("--rate", default="200mbit", help="slow-link: the rate limit (default: 200mbit)")
+    q.add_argument("--rate", default="200mbit", help="slow-link, fec: the rate limit (default: 200mbit)")
     q = lsub.add_parser("heal", help="undo faults (all, or one kind)")
     q.add_argument("kind", nargs="?", choices=FAULTS)
     p.set_defaults(func=cmd_lab)

@@ -1,8 +1,11 @@
-"""The all-reduce bandwidth sweep of 02_collectives across all nodes, inside the serving image, so
-it tests the torch and NCCL (or gloo) that vLLM will use; with a hard timeout that places a hang.
+"""The all-reduce sweeps of 02_collectives across all nodes, inside the serving image, so they
+test the torch and NCCL (or gloo) that vLLM will use; with a hard timeout that places a hang.
 
 One container per node runs torchrun (one process per GPU; one per node with gloo), rendezvous on
-the head's first fabric address. Rank 0 prints the results; every rank prints the phase it reached.
+the head's first fabric address, and sweeps small messages (latency) then large ones (bandwidth) in
+the same run. Rank 0 prints the results; every rank prints the phase it reached. The bandwidth is
+judged at its plateau and the latency against its own bar (:mod:`sparkbook.nccltests`, which also
+judges pasted nccl-tests tables).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import signatures, workdir
+from . import nccltests, signatures, workdir
 from .params import Node, Params
 from .parsers import nccl_transport, parse_nccl_log
 from .redact import mask
@@ -61,6 +64,9 @@ def command(params: Params, node: Node) -> list[str]:
                 f"--master-port={port}", script_path(params, node), "--backend", be,
                 "--sizes", ",".join(map(str, c.sizes())), "--iters", str(c.iters),
                 "--warmup", str(c.warmup), "--timeout", str(int(c.timeout_s))]
+    if c.latency_sizes():
+        torchrun += ["--latency-sizes", ",".join(map(str, c.latency_sizes())),
+                     "--latency-iters", str(c.latency_iters)]
     env = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET", "PYTHONUNBUFFERED": "1"}
     here = script_path(params, node)
     return docker_run(params, node, container(params), torchrun, env=env, mounts=[f"{here}:{here}:ro"])
@@ -113,8 +119,11 @@ def run(params: Params, cluster: Cluster, run_dir: Path | None = None, omit: tup
             if group:
                 cluster.run(lambda n: command(params, n), group).check(
                     "start the all-reduce containers", "is the serving image on every node? (01, 03)")
-        say(f"all-reduce: {out.backend}, {len(nodes)} node(s), sizes {params.collectives.min_size_mb:g}"
-            f"-{params.collectives.max_size_mb:g} MB, time limit {params.collectives.timeout_s:.0f} s")
+        c = params.collectives
+        small = (f"{human_bytes(c.latency_min_bytes)}-{human_bytes(c.latency_max_bytes)} then "
+                 if c.latency_sizes() else "")
+        say(f"all-reduce: {out.backend}, {len(nodes)} node(s), sizes {small}{c.min_size_mb:g}"
+            f"-{c.max_size_mb:g} MB, time limit {c.timeout_s:.0f} s")
         deadline = start + params.collectives.timeout_s
         shown = 0.0
         while True:
@@ -191,8 +200,8 @@ def diagnose(params: Params, out: Sweep) -> tuple[str, str]:
 
 
 def checks(params: Params, out: Sweep) -> list[Check]:
-    """The sweep finished, its values are right, its bandwidth meets the expectation, and the
-    transport NCCL chose on every node."""
+    """The sweep finished, its values are right, its bandwidth at the plateau and its small-message
+    latency meet the expectations, and the transport NCCL chose on every node."""
     found: list[Check] = []
     e = params.expectations
     addr, port = master(params)
@@ -209,23 +218,18 @@ def checks(params: Params, out: Sweep) -> list[Check]:
                            f"torchrun ... --master-addr={addr} --master-port={port} allreduce.py "
                            "(logs in logs/<node>/)"))
         return found
-    rows = out.result["rows"]
-    bad = [r["bytes"] for r in rows if not r["correct"]]
-    found.append(Check("all-reduce", "all", PASS, f"{len(rows)} sizes, world size "
-                       f"{out.result['world_size']}, {out.backend}, {out.duration_s:.0f} s",
+    rows, small = out.result["rows"], out.result.get("latency", [])
+    bad = [r["bytes"] for r in small + rows if not r["correct"]]
+    sizes = f"{len(small)} small and {len(rows)} large sizes" if small else f"{len(rows)} sizes"
+    found.append(Check("all-reduce", "all", PASS, f"{sizes}, world size {out.result['world_size']}, "
+                       f"{out.backend}, {out.duration_s:.0f} s",
                        "every rank finishes the sweep"))
     found.append(Check("reduced values", "all", FAIL if bad else PASS,
                        f"wrong at {', '.join(human_bytes(b) for b in bad)}" if bad else "correct at every size",
                        "sum of (rank+1) in every element", "a data corruption on the fabric or a broken "
                        "NCCL build: rerun, then test each rail alone" if bad else ""))
-    top = rows[-1]["busbw_gbs"]
-    bar = e.busbw_gbps
-    status = PASS if top >= bar else WARN if top >= bar / 2 else FAIL
-    found.append(Check("bus bandwidth", "all", status,
-                       f"{top:.3f} GB/s busbw at {human_bytes(rows[-1]['bytes'])}",
-                       f"≥ {bar} GB/s (expectations.busbw_gbps)",
-                       "" if status == PASS else "check the transport below, the link rate and MTU "
-                       "(01_preflight), and that no other traffic shares the rails"))
+    found.append(nccltests.bandwidth_check(rows, e.busbw_gbps))
+    found.append(nccltests.latency_check(small, e.allreduce_latency_us))
     return found + [transport_check(out, node) for node in params.nodes]
 
 
@@ -254,32 +258,63 @@ def transport_check(out: Sweep, node: Node) -> Check:
                  f"NCCL network {parsed['network'] or 'unknown'}", "RDMA (NET/IB)")
 
 
-def write_csv(out: Sweep, path: Path) -> Path | None:
-    """The sweep's rows as CSV (nothing when it did not finish)."""
-    if not out.result:
+def write_csv(out: Sweep, path: Path, key: str = "rows") -> Path | None:
+    """One sweep's rows as CSV (``key``: ``rows``, the bandwidth sizes, or ``latency``, the small
+    ones); nothing when the sweep did not finish or has no such rows."""
+    rows = (out.result or {}).get(key)
+    if not rows:
         return None
     with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(out.result["rows"][0]))
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
-        w.writerows(out.result["rows"])
+        w.writerows(rows)
     return path
 
 
 def plot(params: Params, out: Sweep, path: Path | None = None):
-    """busbw against message size (log x), with the expectation."""
-    import matplotlib.pyplot as plt
-    if not out.result:
+    """busbw against message size (log x, y from 0), with the expectation and the plateau marked."""
+    rows = (out.result or {}).get("rows")
+    if not rows:
         return None
-    rows = out.result["rows"]
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = _axes()
     ax.plot([r["bytes"] for r in rows], [r["busbw_gbs"] for r in rows], marker="o",
             label=f"busbw ({out.backend}, {out.result['world_size']} ranks)")
+    if best := nccltests.plateau(rows):
+        ax.plot([best["bytes"]], [best["busbw_gbs"]], marker="*", markersize=16, linestyle="none",
+                color="tab:green", label=f"plateau {best['busbw_gbs']:.2f} GB/s at {human_bytes(best['bytes'])}")
     ax.axhline(params.expectations.busbw_gbps, color="tab:red", linestyle="--",
-               label=f"expectation {params.expectations.busbw_gbps} GB/s")
+               label=f"expectation {params.expectations.busbw_gbps:g} GB/s")
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    return _finish(fig, ax, f"all-reduce bandwidth across {len(params.nodes)} nodes: {params.name}", path)
+
+
+def latency_plot(params: Params, out: Sweep, path: Path | None = None):
+    """The time of one small all-reduce against its size, log-log, with the bar when one is set
+    (the y axis then reaches it)."""
+    rows = (out.result or {}).get("latency")
+    if not rows:
+        return None
+    fig, ax = _axes()
+    ax.plot([r["bytes"] for r in rows], [r["time_us"] for r in rows], marker="o",
+            label=f"time per all-reduce ({out.backend}, {out.result['world_size']} ranks)")
+    if bar := params.expectations.allreduce_latency_us:
+        ax.axhline(bar, color="tab:red", linestyle="--", label=f"expectation ≤ {bar:g} µs")
+    ax.set_yscale("log")
+    ax.set_ylabel("time per all-reduce (µs)")
+    return _finish(fig, ax, f"small all-reduces across {len(params.nodes)} nodes: {params.name}", path)
+
+
+def _axes():
+    import matplotlib.pyplot as plt
+    return plt.subplots(figsize=(7, 4))
+
+
+def _finish(fig, ax, title: str, path: Path | None):
+    import matplotlib.pyplot as plt
     ax.set_xscale("log", base=2)
     ax.set_xlabel("message size (bytes)")
-    ax.set_ylabel("bus bandwidth (GB/s)")
-    ax.set_title(f"all-reduce across {len(params.nodes)} nodes: {params.name}")
+    ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -290,7 +325,11 @@ def plot(params: Params, out: Sweep, path: Path | None = None):
 
 
 def table(out: Sweep | None) -> Table:
+    """The bandwidth sizes, the plateau marked."""
     rows = ((out and out.result) or {}).get("rows", [])
-    return Table(["size", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "correct"],
-                 [[human_bytes(r["bytes"]), f"{r['time_us']:.1f}", f"{r['algbw_gbs']:.3f}",
-                   f"{r['busbw_gbs']:.3f}", r["correct"]] for r in rows], title="all-reduce sweep")
+    return nccltests.table(rows, "all-reduce bandwidth sweep", nccltests.plateau(rows))
+
+
+def latency_table(out: Sweep | None) -> Table:
+    """The small sizes: the time of one all-reduce."""
+    return nccltests.table(((out and out.result) or {}).get("latency", []), "all-reduce small messages")

@@ -152,8 +152,8 @@ class ModelSpec(Section):
         description="environment variable of the notebook machine holding the token",
     )
     needs_token: bool = False
-    size_gb: float | None = Field(None, ge=0, description="the model's size on disk, GB; kept for "
-                                  "preflight's memory check, which will read it (nothing does yet)")
+    size_gb: float | None = Field(None, ge=0, description="the model's size on disk, GB: 01's memory "
+                                  "fit estimates the weights from it until the model is on the head")
     verify: Literal["configs", "all"] = Field(
         "configs", description="what the model manifest hashes besides names and sizes: the "
         "config, tokenizer and index files, or every file (slow for 100 GB)")
@@ -182,6 +182,8 @@ class Serving(Section):
     ray_object_store_gb: float = Field(
         4, gt=0, description="Ray's object store cap per node: on GB10 it comes out of the unified "
         "memory the model needs")
+    drop_page_cache: bool = Field(False, description="drop the serving nodes' page cache just before 05 "
+                                  "starts vLLM (root, or sudo -n: it never prompts); reported in 05")
     api_url: str | None = Field(None, description="where this machine reaches the API (default "
                                 "http://<head host>:<ports.api>)")
     bind: Address | None = Field(None, description="the address vLLM's API listens on, on the head "

@@ -55,6 +55,18 @@ def parse_sections(text: str, marker: str = "@@ ") -> dict[str, str]:
     return {k: "\n".join(v).strip("\n") for k, v in sections.items()}
 
 
+def parse_meminfo(text: str) -> dict[str, int]:
+    """Lines of ``/proc/meminfo`` (``MemAvailable:  121475891 kB``): key -> bytes (a count such as
+    ``HugePages_Total`` stays a count); other lines are skipped."""
+    out = {}
+    for line in text.splitlines():
+        key, sep, rest = line.partition(":")
+        words = rest.split()
+        if sep and words and words[0].isdigit():
+            out[key.strip()] = int(words[0]) * (1024 if words[1:] == ["kB"] else 1)
+    return out
+
+
 def parse_key_values(text: str) -> dict[str, str]:
     """``key=value`` lines (values may hold '=')."""
     out = {}
@@ -254,6 +266,94 @@ def parse_ethtool(text: str) -> dict[str | None, LinkSpeed]:
                 int(m[1]) if m[1] else None)
         elif m := _ETHTOOL_LINK.match(line):
             out.setdefault(current, {"speed_mbps": None, "link": None})["link"] = m[1] == "yes"
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# ethtool --show-fec. Real DGX Spark outputs, RS before and None after re-cabling:
+# tests/fixtures/ethtool-show-fec-spark-*.txt. The format is ethtool's netlink/fec.c
+# ("Supported/Configured FEC encodings"; the older ioctl path prints "Configured FEC encodings").
+
+_FEC_IF = re.compile(r"^FEC parameters for (\S+?):?$")
+_FEC_CONFIGURED = re.compile(r"^(?:Supported/)?(?:Configured )?FEC encodings:\s*(.*)$")
+_FEC_ACTIVE = re.compile(r"^Active FEC encoding:\s*(.*)$")
+# No FEC on the link: "None" (no active mode reported) or "Off" (FEC disabled).
+NO_FEC = ("None", "Off")
+
+
+class Fec(TypedDict):
+    configured: list[str]  # Auto, RS, BaseR, LLRS, Off, None
+    active: str | None  # RS, BaseR, LLRS, Off, None; None where ethtool printed no such line
+    error: str | None  # what ethtool said instead (a driver that reports no FEC: veth, lo)
+
+
+def parse_ethtool_fec(text: str) -> dict[str | None, Fec]:
+    """``{interface: {"configured": ["Auto"], "active": "RS", "error": None}}``; the interface is
+    taken from 'FEC parameters for IF:', else None."""
+    out: dict[str | None, Fec] = {}
+    current: str | None = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if m := _FEC_IF.match(line):
+            current = m[1]
+        elif not line:
+            continue
+        fec = out.setdefault(current, {"configured": [], "active": None, "error": None})
+        if m := _FEC_ACTIVE.match(line):
+            fec["active"] = (m[1].split() or [None])[0]
+        elif m := _FEC_CONFIGURED.match(line):
+            fec["configured"] = m[1].split()
+        elif "error" in line.lower() or line.startswith("Cannot "):
+            fec["error"] = line
+    return out
+
+
+def parse_fec_sections(sections: dict[str, str]) -> dict[str, Fec] | None:
+    """The sections "fec IF" of hardware.sh, by interface; None where ethtool is unavailable."""
+    out: dict[str, Fec] = {}
+    for key, text in sections.items():
+        if key.startswith("fec "):
+            if text.strip() == "ethtool unavailable":
+                return None
+            out.update({k or key.split()[1]: v for k, v in parse_ethtool_fec(text).items()})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# show_gids (mlnx-tools, beside ibdev2netdev on DGX OS): one row per populated GID, tab-separated
+# "DEV PORT INDEX GID [IPv4] VER NDEV" (Mellanox/mlnx-tools sbin/show_gids). hardware.sh prints
+# the same rows from sysfs where show_gids is absent. A real output, with its source:
+# tests/fixtures/show_gids-mlx5-1.txt (tests/test_fabric_field.py).
+
+class Gid(TypedDict):
+    port: int
+    index: int
+    gid: str
+    ipv4: str | None  # the address of an IPv4-mapped GID (::ffff:a.b.c.d)
+    version: str | None  # RoCE v1 or v2: "v1", "v2"
+    netdev: str | None
+
+
+def parse_show_gids(text: str) -> dict[str, list[Gid]]:
+    """``{hca: [{"port": 1, "index": 3, "gid": "0000:...:ffff:0a4d:010b", "ipv4": "10.77.1.11",
+    "version": "v2", "netdev": "enp1s0f1np1"}, ...]}``, in the tool's order."""
+    import ipaddress
+    out: dict[str, list[Gid]] = {}
+    for line in text.splitlines():
+        cols = line.split()
+        if len(cols) < 4 or not (cols[1].isdigit() and cols[2].isdigit()):
+            continue  # the header, its underline, n_gids_found=N
+        try:
+            mapped = ipaddress.IPv6Address(cols[3]).ipv4_mapped
+        except ValueError:
+            continue
+        rest = cols[4:]
+        ver = next((i for i, c in enumerate(rest) if re.fullmatch(r"[vV]\d", c)), None)
+        out.setdefault(cols[0], []).append({
+            "port": int(cols[1]), "index": int(cols[2]), "gid": cols[3].lower(),
+            "ipv4": str(mapped) if mapped else None,
+            "version": rest[ver].lower() if ver is not None else None,
+            "netdev": rest[ver + 1] if ver is not None and ver + 1 < len(rest) else None})
     return out
 
 

@@ -16,7 +16,7 @@ import os
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 from urllib.parse import quote, quote_plus
 
 MASK = "********"
@@ -114,20 +114,31 @@ def mask_tree(folder: str | os.PathLike[str]) -> list[Path]:
     changed: list[Path] = []
     if pattern is None:
         return changed
-    for root, _, files in os.walk(folder):
-        for name in files:
+    for path, data in text_files(folder):
+        text = data.decode("utf-8", "surrogateescape")
+        masked = pattern.sub(MASK, text)
+        if masked != text:
+            _rewrite(path, masked.encode("utf-8", "surrogateescape"))
+            changed.append(path)
+    return changed
+
+
+def text_files(folder: str | os.PathLike[str], max_size: int | None = None) -> Iterator[tuple[Path, bytes | None]]:
+    """The text files under ``folder`` with their bytes, in order: symbolic links (and what lies
+    under a linked folder) and binary files, by their suffix or a NUL byte, are left out; a file
+    larger than ``max_size`` comes with None, unread."""
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        for name in sorted(files):
             path = Path(root, name)
             if path.suffix.lower() in BINARY or path.is_symlink() or not path.is_file():
                 continue
-            data = path.read_bytes()
-            if b"\0" in data:
+            if max_size is not None and path.stat().st_size > max_size:
+                yield path, None
                 continue
-            text = data.decode("utf-8", "surrogateescape")
-            masked = pattern.sub(MASK, text)
-            if masked != text:
-                _rewrite(path, masked.encode("utf-8", "surrogateescape"))
-                changed.append(path)
-    return changed
+            data = path.read_bytes()
+            if b"\0" not in data:
+                yield path, data
 
 
 def _rewrite(path: Path, data: bytes) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .fields import DAY
@@ -23,26 +24,58 @@ class Expectations(Section):
     link_rate_gbps: float = Field(200, gt=0)
     busbw_gbps: float = Field(21.875, gt=0, description="all-reduce bus bandwidth bar, GB/s")
     min_disk_gb: float = Field(0, ge=0)
+    driver: str | None = Field(None, description="the NVIDIA driver versions allowed, as PEP 440 "
+                               "specifiers (e.g. '>=580.95'); None: any, as long as every node has the same")
+    firmware: str | None = Field(None, description="the ConnectX-7 firmware versions allowed, as PEP 440 "
+                                 "specifiers (e.g. '>=28.45'); None: any, as long as every node has the same")
+    allreduce_latency_us: float | None = Field(None, gt=0, description="the small-message all-reduce "
+                                               "time bar, microseconds; None: reported, not judged")
+
+    @field_validator("driver", "firmware")
+    @classmethod
+    def _specifier(cls, v: str | None) -> str | None:
+        """A PEP 440 specifier set (``>=580.95,<590``), checked here so that a typo is a parameters
+        error naming the field, not a preflight crash."""
+        if v is not None:
+            try:
+                SpecifierSet(v)
+            except InvalidSpecifier:
+                raise ValueError(f"{v!r} is not a version range: write PEP 440 specifiers such as "
+                                 "'>=580.95' or '>=580.95,<590'") from None
+        return v
 
 
 class Collectives(Section):
-    """The all-reduce sweep of 02_collectives."""
+    """The all-reduce sweeps of 02_collectives: bandwidth (MB sizes) and small messages (latency),
+    in one run of the same ranks."""
 
     min_size_mb: float = Field(1, gt=0)
     max_size_mb: float = Field(1024, gt=0)
     iters: int = Field(20, ge=1)
     warmup: int = Field(5, ge=0)
+    latency_min_bytes: int = Field(8, ge=1, description="smallest size of the small-message sweep")
+    latency_max_bytes: int = Field(2**20, ge=1, description="largest size of the small-message sweep")
+    latency_iters: int = Field(100, ge=1, description="all-reduces per small size, issued back to "
+                               "back and timed together, as nccl-tests does")
     timeout_s: float = Field(600, gt=0, le=DAY, description="hard limit for the whole sweep")
     backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="auto: nccl with GPUs, else gloo")
     master_port: int | None = Field(None, ge=1, le=65535, description="default: ports.master + 1")
 
     def sizes(self) -> list[int]:
         """Powers of two from the smallest to the largest size, in bytes."""
-        out, size = [], int(self.min_size_mb * 2**20)
-        while size <= self.max_size_mb * 2**20:
-            out.append(size)
-            size *= 2
-        return out
+        return _doubling(int(self.min_size_mb * 2**20), self.max_size_mb * 2**20)
+
+    def latency_sizes(self) -> list[int]:
+        """The small-message sweep's sizes: powers of two, in bytes."""
+        return _doubling(self.latency_min_bytes, self.latency_max_bytes)
+
+
+def _doubling(size: int, top: float) -> list[int]:
+    out = []
+    while size <= top:
+        out.append(size)
+        size *= 2
+    return out
 
 
 class Distribution(Section):

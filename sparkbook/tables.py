@@ -71,6 +71,14 @@ class Table:
         out = [lines[0], "-" * max(len(lines[0]), 1), *lines[1:]]
         return "\n".join(([self.title] if self.title else []) + out)
 
+    def to_markdown(self) -> str:
+        """A GitHub-flavoured Markdown table (the title a bold line above it), cells whole: a ``|``
+        escaped, a line break made a space."""
+        cell = lambda v: _text(v).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+        lines = ["| " + " | ".join(map(cell, self.columns)) + " |", "|" + "---|" * len(self.columns)]
+        lines += ["| " + " | ".join(map(cell, r)) + " |" for r in self.rows]
+        return "\n".join(([f"**{cell(self.title)}**", ""] if self.title else []) + lines)
+
     __str__ = to_text
 
     def _repr_pretty_(self, printer, cycle) -> None:  # IPython's text form (logs, terminals)

@@ -45,6 +45,7 @@ def test_lab_uses_gloo_without_gpu_or_rdma_flags():
     cmd = collectives.command(p, p.nodes[0])
     assert collectives.backend(p) == "gloo" and "--gpus" not in cmd and "/dev/infiniband" not in cmd
     assert cmd[cmd.index("--sizes") + 1] == ",".join(str(2**20 * 2**i) for i in range(6))
+    assert cmd[cmd.index("--latency-sizes") + 1] == ",".join(str(2**i) for i in range(3, 17))
 
 
 def test_last_phase_and_diagnosis():
@@ -63,15 +64,24 @@ def test_last_phase_and_diagnosis():
 
 
 def test_sweep_on_the_lab_through_the_notebook(lab, tmp_path):
+    """Both sweeps in one run: small messages (8 B-64 KiB, reported, not judged: the lab sets no
+    latency bar) then bandwidth, judged at its plateau."""
     out = tmp_path / "run"
     assert main(["run", "-p", str(LAB), "--steps", "02", "--out", str(out)]) == 0
     data = json.loads((out / "collectives.json").read_text())
-    rows = data["result"]["rows"]
+    rows, small = data["result"]["rows"], data["result"]["latency"]
     assert data["backend"] == "gloo" and data["result"]["world_size"] == 2
     assert [r["bytes"] for r in rows] == [2**20 * 2**i for i in range(6)]
-    assert all(r["correct"] and r["busbw_gbs"] > 0 for r in rows)
+    assert [r["bytes"] for r in small] == [2**i for i in range(3, 17)]
+    assert all(r["correct"] and r["busbw_gbs"] > 0 and r["time_us"] > 0 for r in rows + small)
     assert (out / "collectives.csv").read_text().startswith("bytes,time_us,algbw_gbs,busbw_gbs,correct")
+    assert (out / "collectives_latency.csv").read_text().startswith("bytes,time_us,algbw_gbs,busbw_gbs,correct")
     assert (out / "collectives.png").stat().st_size > 10_000
+    assert (out / "collectives_latency.png").stat().st_size > 10_000
+    verdict = json.loads((out / "verdicts" / "02_collectives.json").read_text())
+    checks = {c["check"]: (c["status"], c["observed"]) for c in verdict["checks"]}
+    assert checks["bus bandwidth"][0] == "PASS" and checks["bus bandwidth"][1].startswith("plateau ")
+    assert checks["small-message latency"][0] == "SKIP" and " µs per all-reduce" in checks["small-message latency"][1]
     assert (out / "logs" / "spark-2" / "collectives.log").read_text().count("PHASE") >= 5
 
 
@@ -98,7 +108,8 @@ def test_verdict_on_a_real_two_gpu_run_reads_the_transport_from_the_channels():
     p = load(ROOT / "parameters" / "dgx-spark-pair.yaml")
     log = (Path(__file__).parent / "fixtures" / "nccl-p2p-h200x2-1.txt").read_text()
     rows = [{"bytes": 2**30, "time_us": 3352.8, "algbw_gbs": 320.25, "busbw_gbs": 320.25, "correct": True}]
-    out = collectives.Sweep("nccl", result={"world_size": 2, "rows": rows},
+    small = [{"bytes": 8, "time_us": 21.0, "algbw_gbs": 0.0, "busbw_gbs": 0.0, "correct": True}]
+    out = collectives.Sweep("nccl", result={"world_size": 2, "rows": rows, "latency": small},
                               nccl={n.name: parse_nccl_log(log) for n in p.nodes},
                               phases={n.name: "done" for n in p.nodes})
     checks = collectives.checks(p, out)
@@ -133,7 +144,7 @@ def test_the_image_copy_before_the_sweep_is_in_the_verdict_and_the_key_numbers(t
     assert first.observed == "copied 4.12 GB to spark-2 in 63 s"
     assert verdict.title == "02 collectives" and verdict.status == "PASS"
     assert report.key_numbers(tmp_path) == [
-        ("all-reduce bus bandwidth", "37.28 GB/s at 32 MiB (gloo)"),
+        ("all-reduce bus bandwidth", "37.28 GB/s at 32 MiB, the plateau (gloo)"),
         ("image copied for the sweep", "spark-2: 4.12 GB in 63 s")]
     data = json.loads((tmp_path / "collectives.json").read_text())
     assert data["result"]["rows"] == rows and data["image"]["transfers"][0]["wire"] == 4_120_000_000
@@ -141,8 +152,10 @@ def test_the_image_copy_before_the_sweep_is_in_the_verdict_and_the_key_numbers(t
 
     held = step.checks(p, step.CollectivesOutcome(image_copy(p, copied=False), sweep))[0]
     assert held.observed == "already on every node"
+    sweep.result["latency"] = [{"bytes": 8, "time_us": 812.5, "algbw_gbs": 0.0, "busbw_gbs": 0.0, "correct": True}]
     assert step.CollectivesOutcome(image_copy(p, copied=False), sweep).key_numbers() == [
-        ("all-reduce bus bandwidth", "37.28 GB/s at 32 MiB (gloo)")]
+        ("all-reduce bus bandwidth", "37.28 GB/s at 32 MiB, the plateau (gloo)"),
+        ("all-reduce small-message latency", "812.5 µs (gloo)")]
 
 
 def test_a_failed_image_copy_fails_02_and_the_sweep_does_not_run(tmp_path):

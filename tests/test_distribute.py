@@ -160,25 +160,31 @@ def test_a_truncated_archive_is_an_error():
 
 
 def test_survey_parsing_and_the_containerd_store():
-    text = "\n".join(["@@ id", "sha256:abc 4321", "@@ image layers", json.dumps(DIFF_IDS),
+    text = "\n".join(["@@ image", identity_line("sha256:abc", DIFF_IDS),
                       "@@ docker", "29.1.0", "@@ driver",
                       'overlayfs [["driver-type","io.containerd.snapshotter.v1"]]',
                       "@@ layers", json.dumps(DIFF_IDS[:2]), "@@ zstd", "/usr/bin/zstd"])
     s = parse_survey("w", text)
     assert (s.id, s.size, s.docker, s.zstd) == ("sha256:abc", 4321, "29.1.0", True)
+    assert s.layers == DIFF_IDS and s.config["Cmd"] == ["/bin/sh"] and s.identity.content_known
     assert s.containerd_store and not s.skips_layers
     assert s.chains == set(chain_ids(DIFF_IDS[:2]))
     classic = parse_survey("w", text.replace("overlayfs [[\"driver-type\",\"io.containerd."
                                               "snapshotter.v1\"]]", "overlay2 []"))
     assert classic.skips_layers and classic.driver == "overlay2"
-    assert parse_survey("w", "@@ id\nabsent\n@@ zstd\nabsent").id is None
+    assert parse_survey("w", "@@ image\n@@ zstd\nabsent").id is None
+
+
+def identity_line(image_id, layers):
+    """What the node scripts print for an image (identity.INSPECT_FORMAT)."""
+    return json.dumps({"Id": image_id, "Size": 4321, "RepoDigests": [], "RootFS": {"Layers": layers}, "Config": {
+        "Entrypoint": None, "Cmd": ["/bin/sh"], "Env": ["PATH=/usr/bin"], "User": "", "WorkingDir": ""}})
 
 
 FAKE_DOCKER = """#!/bin/sh
 # a stand-in docker: the image "app" with two layers; one other image holding its first layer
 case "$*" in
-  "image inspect --format {{.Id}} {{.Size}} -- app") echo "sha256:abc 4321" ;;
-  "image inspect --format {{json .RootFS.Layers}} -- app") echo '%(app)s' ;;
+  'image inspect --format {"Id":'*' -- app') echo '%(identity)s' ;;
   "version --format {{.Server.Version}}") echo 20.10.24 ;;
   "info --format {{.Driver}} {{json .DriverStatus}}") echo 'overlay2 [["Backing Filesystem","extfs"]]' ;;
   "info --format {{.DockerRootDir}}") echo /var/lib/docker ;;
@@ -198,7 +204,8 @@ def test_survey_script_reads_a_node_and_survives_a_missing_image_or_docker(tmp_p
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     docker = bin_dir / "docker"
-    docker.write_text(FAKE_DOCKER % {"app": json.dumps(DIFF_IDS[:2]), "base": json.dumps(DIFF_IDS[:1])})
+    docker.write_text(FAKE_DOCKER % {"app": json.dumps(DIFF_IDS[:2]), "base": json.dumps(DIFF_IDS[:1]),
+                                     "identity": identity_line("sha256:abc", DIFF_IDS[:2])})
     docker.chmod(0o755)
     r = run_script(survey_script("app"), bin_dir)
     assert r.returncode == 0, r.stderr
@@ -277,7 +284,7 @@ def recorded_copy() -> tuple:
                          after={worker: {}},
                          synced={worker: ModelCopy(1, 0.4, None, "bash sparkbook/scripts/model_sync.sh ...")})
     found = Survey(params.runtime.image, head, {
-        head: NodeImage(head, image.head_id, 4321, "20.10.24", "overlay2", layers=DIFF_IDS,
+        head: NodeImage(head, image.head_image.id, 4321, "20.10.24", "overlay2", layers=DIFF_IDS,
                         chains=set(chain_ids(DIFF_IDS))),
         worker: NodeImage(worker, "sha256:" + "2" * 64, 1234, "20.10.24", "overlay2",
                           chains=set(chain_ids(DIFF_IDS[:2])))})
@@ -798,8 +805,8 @@ def test_drifted_image_and_model_are_found_fixed_and_verified_by_the_notebook(
         assert summary["status"] == "passed", summary
         data = json.loads((tmp_path / "distribution.json").read_text())
         worker = params.workers[0].name
-        assert data["image"]["before"][worker] not in (None, head_id)
-        assert data["image"]["after"][worker] == head_id
+        assert data["image"]["before"][worker]["id"] not in (None, head_id)
+        assert data["image"]["after"][worker]["id"] == head_id
         # every layer was already there (the drift only moved the tag): nothing big crossed
         assert data["image"]["transfers"][0]["layers_held"] == 3
         assert data["image"]["transfers"][0]["wire"] < 1 << 20

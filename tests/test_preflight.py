@@ -15,6 +15,7 @@ import sparkbook as sb
 from conftest import field_sample
 from sparkbook import preflight
 from sparkbook.cli import main
+from sparkbook.distribution.identity import INSPECT_FORMAT
 from sparkbook.lab import faults
 from sparkbook.params import validate
 from sparkbook.preflight import tcp
@@ -47,14 +48,15 @@ def test_each_node_gets_one_bundle_its_values_as_arguments():
     params = lab_params(path=path)
     head, worker = (node_bundle(params, n) for n in params.nodes)
     assert [s for s, _ in head.parts] == ["inventory", "hardware", "ping", "in-use", "runtime", "model",
-                                          "peers-ssh"]
-    assert [s for s, _ in worker.parts] == ["inventory", "hardware", "ping", "in-use", "runtime", "model"]
+                                          "host", "memfit", "peers-ssh"]
+    assert [s for s, _ in worker.parts] == ["inventory", "hardware", "ping", "in-use", "runtime", "model",
+                                            "host", "memfit"]
     part = dict(head.parts)
     assert part["hardware"].args == ("enp1s0f1np1", "enP2p1s0f1np1")
     # each rail to the peer's same rail, MTU 9000 less the IPv4 and ICMP headers
     assert part["ping"].args == ("8972", "enp1s0f1np1", "10.77.1.12", "enP2p1s0f1np1", "10.77.2.12")
     assert part["in-use"].args == (STALE,)
-    assert part["runtime"].args == ("docker", "sparkbook-lab/vllm-cpu:latest")
+    assert part["runtime"].args == ("docker", "sparkbook-lab/vllm-cpu:latest", INSPECT_FORMAT)
     assert part["model"].args[:2] == (path, "config")
     name, target, port, sep, ssh, *options = part["peers-ssh"].args
     assert (name, target, port, sep, ssh) == ("spark-2", "root@10.77.1.12", "22", "--", "ssh")
@@ -84,7 +86,7 @@ def spark_output() -> str:
         "@@ ping", "enp1s0f1np1 10.77.1.12 0", "enP2p1s0f1np1 10.77.2.12 1",
         "@@ in-use", "@@ listeners", "LISTEN 0      4096   0.0.0.0:8000   0.0.0.0:*    users:((\"python3\",pid=9,fd=3))",
         "@@ processes", "  577729 VLLM::EngineCore",
-        "@@ runtime", "@@ containers", "@@ image", "sha256:" + "ab" * 32,
+        "@@ runtime", "@@ containers", "@@ image", json.dumps({"Id": "sha256:" + "ab" * 32}),
         "@@ model", "5\t-\tconfig.json", "#config.json\t" + "0" * 64,
         "@@ peers-ssh", "spark-2 root@10.77.1.12 0",
     ])

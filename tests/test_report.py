@@ -30,10 +30,13 @@ def eight_nodes():
 
 def node_report(params, node):
     """What a healthy lab node reports (the fields preflight reads), but for the rail in DOWN."""
-    ethtool, links, ibdev, ibstat, ping = {}, {}, {}, {}, []
+    ethtool, fec, gids, links, ibdev, ibstat, ping = {}, {}, {}, {}, {}, {}, []
     for r, rail in enumerate(node.rails):
         up = (node.name, r) != DOWN
         ethtool[rail.interface] = {"speed_mbps": 200000 if up else None, "link": up}
+        fec[rail.interface] = {"configured": ["Auto"], "active": "RS" if up else None, "error": None}
+        gids[rail.hca] = [{"port": 1, "index": 3, "gid": f"::ffff:{rail.ip}", "ipv4": str(rail.ip),
+                           "version": "v2", "netdev": rail.interface}]
         links[rail.interface] = {"ifname": rail.interface, "mtu": 9000, "addr_info": [
             {"family": "inet", "local": str(rail.ip), "prefixlen": rail.prefix}]}
         ibdev[rail.hca] = {"port": 1, "netdev": rail.interface, "up": up}
@@ -47,7 +50,7 @@ def node_report(params, node):
              "arch": "aarch64", "cpus": 20, "memory_gb": 119.7, "memory_available_gb": 113.5,
              "model_disk_free_gb": 3000.0, "docker_disk_free_gb": 3000.0, "docker": "28.3.3",
              "docker_runtimes": ["runc"], "gpus": 1, "gpu_name": "NVIDIA GB10", "driver": "580.95.05"}
-    return {"facts": facts, "ethtool": ethtool, "links": links, "ibdev2netdev": ibdev, "ibstat": ibstat,
+    return {"facts": facts, "ethtool": ethtool, "fec": fec, "gids": gids, "links": links, "ibdev2netdev": ibdev, "ibstat": ibstat,
             "ibv_devinfo": None, "ping": ping, "listeners": [], "processes": [], "containers": [],
             "smi": {"driver": "580.95.05", "cuda": "13.0", "processes": [], "gpus": [
                 {"index": 0, "name": "NVIDIA GB10", "bus_id": "0000000F:01:00.0", "memory": None,

@@ -17,6 +17,7 @@ import yaml
 
 
 from conftest import field_sample
+from sparkbook.distribution.identity import INSPECT_FORMAT
 from sparkbook.params import ParamsError, load, validate
 from sparkbook.redact import MASK
 from sparkbook.remote import Cluster
@@ -390,7 +391,7 @@ case "$1" in
   container) [ -e "$d/$last" ] || exit 1
              case "$*" in *sparkbook.owner*) sed -n 2p "$d/$last";; *) sed -n 1p "$d/$last";; esac;;
   inspect) shift 3; for n; do echo "/$n sha256:new"; done;;
-  image) echo sha256:new;;
+  image) echo '{"Id":"sha256:new","RootFS":{"Layers":["sha256:l1"]},"Config":null}';;
   run) env_file=$(printf '%s\n' "$@" | sed -n '/^--env-file$/{n;p;}')
        if [ -n "$env_file" ]; then cp "$env_file" "$d/../env-file-seen"; stat -c %a "$env_file" > "$d/../env-file-mode"; fi
        for a; do case $a in sparkbook=*) label=${a#sparkbook=};; sparkbook.owner=*) owner=${a#sparkbook.owner=};; esac; done
@@ -459,12 +460,12 @@ def test_node_state_reads_this_deployments_containers_fingerprints_and_images(do
     assert st.error is None
     assert st.containers == {"sparkbook-localhost-vllm": ("running", "fp1")}  # not the other deployment's
     assert st.runs == {"sparkbook-localhost-vllm": "sha256:new"}
-    assert st.image == "sha256:new" and st.current("sparkbook-localhost-vllm", "fp1")
+    assert st.image.id == "sha256:new" and st.current("sparkbook-localhost-vllm", "fp1")
     assert not st.current("sparkbook-localhost-vllm", "fp2")
     assert [c.check for c in state.port_conflicts(local, {"this-machine": st})] == ["port free"]
     said = docker_of.calls.read_text()
     assert "--filter label=sparkbook=localhost --format {{.Names}}\\t{{.State}}\\t{{.Label \"sparkbook.fingerprint\"}}" in said
-    assert f"docker image inspect --format {{{{.Id}}}} -- {local.runtime.image}" in said
+    assert f"docker image inspect --format {INSPECT_FORMAT} -- {local.runtime.image}" in said
 
 
 def test_teardown_keeps_the_logs_then_removes_only_this_deployments_containers(docker_of, tmp_path):

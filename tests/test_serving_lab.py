@@ -290,8 +290,8 @@ def test_a_worker_without_the_heads_image_fails_before_anything_starts(lab, para
         with pytest.raises(CheckFailed) as absent:
             deploy.serve(params, cluster, tmp_path, say=lambda *_: None)
         seen["absent"] = {n: s.containers for n, s in node_states(params, cluster).items()}
-        # another image under the tag: the same layers, another ID
-        docker(worker, "build", "-q", "-t", image, "-", input="FROM sbk-test-keep:latest\nLABEL x=1\n")
+        # another image under the tag: the same layers, another environment
+        docker(worker, "build", "-q", "-t", image, "-", input="FROM sbk-test-keep:latest\nENV SBK_TEST=1\n")
         with pytest.raises(CheckFailed) as other:
             form_ray_cluster(params, cluster, tmp_path, say=lambda *_: None)
         seen["other"] = {n: s.containers for n, s in node_states(params, cluster).items()}
@@ -300,7 +300,8 @@ def test_a_worker_without_the_heads_image_fails_before_anything_starts(lab, para
         docker(worker, "rmi", "sbk-test-keep:latest", check=False)
         docker(worker, "image", "prune", "-f", check=False)
     assert "- spark-2: the image is not there" in str(absent.value)
-    assert re.search(r"^- spark-2: holds [0-9a-f]{12} under the tag, the head [0-9a-f]{12}$", str(other.value), re.M)
+    assert re.search(r"^- spark-2: holds [0-9a-f]{12} under the tag, the head [0-9a-f]{12}: same layers, "
+                     r"different environment \(SBK_TEST\)$", str(other.value), re.M)
     for e in (absent, other):
         assert "spark-1" not in str(e.value) and "remedy: run 03_distribute_image" in str(e.value)
     assert all(not c for s in seen.values() for c in s.values()), seen

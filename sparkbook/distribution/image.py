@@ -12,7 +12,8 @@ holds no other back. The scripts live in each node's private working folder
 (:mod:`sparkbook.workdir`).
 
 :func:`distribute_image` never raises for one node's failure (:func:`image_checks` fails on it);
-:func:`ensure_image` is the form for steps that need the image before their work.
+:func:`ensure_image` is the form for steps that need the image before their work. What a copy
+records (each worker's transfer, the outcome before and after) is :mod:`.outcome`.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Callable, TypedDict
+from dataclasses import dataclass, field
+from typing import Callable
 
 from ..errors import CheckFailed
 from ..params import Node, Params
@@ -34,7 +35,9 @@ from ..shell import SCRIPTS, Script, peer_ssh, script
 from ..tables import Table, human_bytes, short_id
 from ..verdict import FAIL, PASS, WARN, Check, Verdict
 from ..workdir import prepare, workdir
+from .identity import INSPECT_FORMAT, ImageIdentity, parse, same_image
 from .lines import STALL_S, Lines, number
+from .outcome import ImageOutcome, Probe, StreamEnd, Transfer
 
 STREAM_SCRIPTS = ("imagestream.py", "layerstore.py", "savearchive.py")  # to the head and the relays
 
@@ -59,9 +62,14 @@ class NodeImage:
     root: str = ""
     containerd_store: bool = False
     layers: list[str] = field(default_factory=list)    # the configured image's diff IDs
+    config: dict | None = None                          # its runtime config (None: not read)
     chains: set[str] = field(default_factory=set)      # every layer chain the node holds
     zstd: bool = False
     error: str | None = None
+
+    @property
+    def identity(self) -> ImageIdentity | None:
+        return ImageIdentity(self.id, tuple(self.layers), self.config) if self.id else None
 
     def held(self, layers: list[str]) -> list[str]:
         """The layer chains of an image with diff IDs ``layers`` that this node holds."""
@@ -94,22 +102,22 @@ class Survey:
 
 
 def survey_script(image: str) -> Script:
-    """``image_survey.sh``: one section per fact (see the script)."""
-    return script("image_survey.sh", image)
+    """``image_survey.sh``: one section per fact (see the script), the image read with
+    :data:`~.identity.INSPECT_FORMAT`."""
+    return script("image_survey.sh", image, INSPECT_FORMAT)
 
 
 def parse_survey(node: str, text: str) -> NodeImage:
     s = parse_sections(text)
     out = NodeImage(node, docker=s.get("docker", "").strip(), zstd=s.get("zstd", "absent").strip() != "absent")
-    ident = s.get("id", "absent").split()
-    if ident and ident[0] != "absent":
-        out.id, out.size = ident[0], int(ident[1]) if len(ident) > 1 else None
     driver = s.get("driver", "").strip()
     out.driver = driver.split(" ", 1)[0]
     out.root = s.get("root", "").strip()
     out.containerd_store = "io.containerd.snapshotter" in driver
-    if s.get("image layers", "").startswith("["):
-        out.layers = json.loads(s["image layers"])
+    inspected = parse(s.get("image", ""))
+    if found := ImageIdentity.of(inspected):
+        out.id, out.size = found.id, inspected.get("Size")
+        out.layers, out.config = list(found.layers), found.config
     for line in s.get("layers", "").splitlines():
         if line.startswith("["):
             out.chains.update(chain_ids(json.loads(line)))
@@ -124,16 +132,22 @@ def survey(params: Params, cluster: Cluster) -> Survey:
                    for n, r in res.items()})
 
 
-def image_ids(params: Params, cluster: Cluster) -> dict[str, str | None]:
-    """The configured image's ID on every reachable node (None where absent)."""
-    res = cluster.run(["docker", "image", "inspect", "--format", "{{.Id}}", params.runtime.image])
-    return {n: (r.stdout.strip() if r.ok else None) for n, r in res.items()}
+def identities(params: Params, cluster: Cluster) -> dict[str, ImageIdentity | None]:
+    """The configured image on every reachable node, by ID and content (None where absent)."""
+    res = cluster.run(["docker", "image", "inspect", "--format", INSPECT_FORMAT, "--", params.runtime.image])
+    return {n: ImageIdentity.of(parse(r.stdout)) if r.ok else None for n, r in res.items()}
+
+
+def _store(s: NodeImage) -> str:
+    return "containerd" if s.containerd_store else s.driver and f"classic ({s.driver})"
 
 
 def survey_table(found: Survey) -> Table:
     head = found.head_image
-    rows = [[n, s.error or short_id(s.id), "" if s.error else "yes" if s.id == head.id else "no",
-             s.docker, "containerd" if s.containerd_store else s.driver and f"classic ({s.driver})",
+    same = {n: same_image(s.identity, head.identity) for n, s in found.nodes.items()}
+    rows = [[n, s.error or short_id(s.id), "" if s.error else "no" if not same[n][0] else
+             "yes" if s.id == head.id else f"yes ({same[n][1]})",
+             s.docker, _store(s),
              f"{len(s.held(head.layers))} of {len(head.layers)}", "yes" if s.zstd else "no"]
             for n, s in found.nodes.items()]
     return Table(["node", "image", "same as head", "docker", "image store", "layers held", "zstd"],
@@ -141,82 +155,6 @@ def survey_table(found: Survey) -> Table:
 
 
 # ------------------------------------------------------------------------------------------- copy
-
-class Probe(TypedDict, total=False):
-    """The compression choice, and what ``imagestream.py probe`` measured for it."""
-    decision: str
-    error: str
-    pipe_mb_s: dict[str, float]   # worker -> raw SSH pipe throughput
-    zstd_mb_s: float
-    zstd_ratio: float
-
-
-class StreamEnd(TypedDict):
-    """``imagestream.py stream``'s DONE record of one worker."""
-    name: str
-    code: int
-    sent: int
-    wire: int
-    skipped: int
-    layers_skipped: int
-    error: str | None
-    output: list[str]
-    source: str
-    held: int
-
-
-@dataclass
-class Transfer:
-    """One worker's copy: what was sent, left out, how fast, and how it ended."""
-    node: str
-    method: str
-    compressed: bool = False
-    read_from: str = ""  # what produced the archive: the head's layer store, or docker save
-    sent: int = 0        # archive bytes streamed
-    wire: int = 0        # bytes through SSH (fewer than sent when compressed)
-    skipped: int = 0     # archive bytes left out: layers the worker holds
-    layers_held: int = 0  # layers the worker held already: never read, or left out of its stream
-    seconds: float = 0.0  # from the start of the copy to the end of this worker's docker load
-    via: str = ""        # the worker that relayed the stream to this one ("": the head fed it)
-    error: str | None = None
-    output: list[str] = field(default_factory=list)
-    note: str = ""
-
-    @property
-    def rate_mb_s(self) -> float:
-        return self.wire / self.seconds / 1e6 if self.seconds else 0.0
-
-
-@dataclass
-class ImageOutcome:
-    """What a copy found and did: every node's image ID before and after, and each worker's copy."""
-    image: str
-    source: str
-    head: str
-    head_id: str | None
-    before: dict[str, str | None]
-    after: dict[str, str | None] = field(default_factory=dict)
-    transfers: list[Transfer] = field(default_factory=list)
-    probe: Probe = field(default_factory=Probe)
-    errors: dict[str, str] = field(default_factory=dict)
-    seconds: float = 0.0
-    read: int = 0  # bytes the head's stream process read (rchar): one archive, whatever the workers
-
-    @property
-    def reference(self) -> str | None:
-        """The ID every node must hold: the head's (after a pull, the head's new one)."""
-        return self.after.get(self.head) if self.source == "registry" else self.head_id
-
-    @property
-    def complete(self) -> bool:
-        """Every node holds the reference image."""
-        ref = self.reference
-        return ref is not None and all(self.after.get(n) == ref for n in {**self.before, **self.after})
-
-    def to_json(self) -> dict:
-        return {**asdict(self), "transfers": [{**asdict(t), "rate_mb_s": round(t.rate_mb_s, 1)}
-                                              for t in self.transfers]}
-
 
 def choose_compression(params: Params, cluster: Cluster, head: NodeImage,
                        workers: list[Node], nodes: dict[str, NodeImage]) -> tuple[bool, Probe]:
@@ -361,7 +299,7 @@ def distribute_image(params: Params, cluster: Cluster, found: Survey | None = No
     image, source = params.runtime.image, params.distribution.source
     found = found or survey(params, cluster)
     nodes, head = found.nodes, found.head_image
-    out = ImageOutcome(image, source, found.head, head.id, {n: s.id for n, s in nodes.items()})
+    out = ImageOutcome(image, source, found.head, head.identity, {n: s.identity for n, s in nodes.items()})
     out.errors.update({n: s.error for n, s in nodes.items() if s.error})
     if source == "registry":
         say(f"pulling {image} on every node")
@@ -370,7 +308,12 @@ def distribute_image(params: Params, cluster: Cluster, found: Survey | None = No
     elif head.id is None:
         out.errors[params.head.name] = head.error or f"{image} is not on the head"
     else:
-        todo = [w for w in params.workers if not nodes[w.name].error and nodes[w.name].id != head.id]
+        same = {w.name: same_image(nodes[w.name].identity, head.identity) for w in params.workers}
+        todo = [w for w in params.workers if not nodes[w.name].error and not same[w.name][0]]
+        for n in (n for n, (yes, _) in same.items() if yes and nodes[n].id != head.id):
+            stores = "" if nodes[n].containerd_store == head.containerd_store else (
+                f"; image stores: {_store(nodes[n])} here, {_store(head)} on {params.head.name}")
+            say(f"{n}: holds {short_id(nodes[n].id)}, {same[n][1]}{stores}: nothing to send")
         if not todo:
             say(f"{image} ({short_id(head.id)}) is already on every node: nothing to send")
         else:
@@ -386,7 +329,7 @@ def distribute_image(params: Params, cluster: Cluster, found: Survey | None = No
             say(f"streaming from {params.head.name}, compression {out.probe['decision']}")
             out.transfers, out.read = stream_from_head(params, cluster, todo, nodes, compress, show, plan)
             out.errors.update({t.node: t.error for t in out.transfers if t.error})
-    out.after = image_ids(params, cluster)
+    out.after = identities(params, cluster)
     out.seconds = time.monotonic() - start
     return out
 
@@ -402,7 +345,8 @@ def ensure_image(params: Params, cluster: Cluster, say: Say = print) -> ImageOut
 # ------------------------------------------------------------------------------- what it says
 
 def image_checks(params: Params, out: ImageOutcome) -> list[Check]:
-    """Node by node: the head's image ID, and where a worker's Docker could not skip layers."""
+    """Node by node: the head's image (the same ID, or the same content under another ID: see
+    :func:`same_image`), and where a worker's Docker could not skip layers."""
     checks = []
     ref = out.reference
     by_node = {t.node: t for t in out.transfers}
@@ -419,15 +363,17 @@ def image_checks(params: Params, out: ImageOutcome) -> list[Check]:
                                 f"{out.image} on the head", f"`docker pull {out.image}` (or build it) on "
                                 f"{params.head.name}" if out.source == "head" else
                                 "check the image name and that the nodes can reach the registry", cmd))
-        elif got == ref:
+        elif (same := same_image(got, ref))[0]:
             moved = (f"; sent {human_bytes(t.wire)}, {t.layers_held} layer(s) already there"
                      if t else "")
-            checks.append(Check("image ID", node.name, PASS, short_id(got) + moved, short_id(ref)))
+            why = "" if got.id == ref.id else f" ({same[1]})"
+            checks.append(Check("image ID", node.name, PASS, short_id(got.id) + why + moved, short_id(ref.id)))
         else:
-            seen = out.errors.get(node.name) or f"{short_id(got)} after the copy"
+            seen = out.errors.get(node.name) or (f"{short_id(got.id)} after the copy: {same[1]}" if got
+                                                 else "absent after the copy")
             ssh = (f"SSH from {t.via} to {node.name} ({t.via} relays the image to it: `ssh "
                    f"{node.peer_target} true` on {t.via})" if t and t.via else "head-to-worker SSH (01_preflight)")
-            checks.append(Check("image ID", node.name, FAIL, seen, short_id(ref),
+            checks.append(Check("image ID", node.name, FAIL, seen, short_id(ref.id),
                                 f"check the node's disk space (`df -h` on the Docker root) and {ssh}, "
                                 "then run this step again: the copy restarts cleanly", cmd))
         if t and t.note:
@@ -462,7 +408,7 @@ def copy_checks(params: Params, out: ImageOutcome) -> list[Check]:
     else:
         seen = "already on every node"
     return [Check("serving image on every node", "all", PASS, seen,
-                  f"the head's {out.image} ({short_id(out.reference)})")] + others
+                  f"the head's {out.image} ({short_id(out.reference and out.reference.id)})")] + others
 
 
 def image_table(out: ImageOutcome) -> Table:

@@ -10,10 +10,22 @@ Spark; `heal` undoes it. Applied faults are kept in lab.json.
 - image-drift  a different image under the configured tag on the node
 - model-drift  a changed model file (config.json) on the node
 - slow-link    the node's fabric rails rate-limited (tbf; this kernel has no netem)
+- fec          the node's fabric rails without forward error correction, as a Spark's came up after
+               its cable was moved: the simulated `ethtool --show-fec` says None, and the rails are
+               rate-limited as slow-link does (--rate)
 - firewall     TCP to one port (default: the Ray port) dropped on the node's fabric rails, as a
                host firewall does; ping still passes
 - stall        vLLM's processes on the node frozen (SIGSTOP), as a rank hung in NCCL looks: apply
                it once vLLM starts (05); Ray's own daemons keep running
+- stale        a process left from an earlier run on the node: named VLLM::EngineCore like vLLM's
+               engine, holding memory, so the simulated nvidia-smi lists it as a GPU process
+- clock        the node's clock read 5 s ahead: a simulated `date` (simhw.py) on the node's PATH
+               (the lab's nodes share this machine's clock)
+- disk         1 GiB free on every filesystem of the node: a simulated `df` (simhw.py) on its PATH,
+               which preflight's model and Docker disk figures read
+- throttle     the node's GPU held at 513 MHz by a power brake (HW Slowdown, HW Power Brake
+               Slowdown Active in the simulated `nvidia-smi -q`), as a Spark on a bad USB-C power
+               negotiation reports it
 """
 
 from __future__ import annotations
@@ -22,6 +34,7 @@ import io
 import json
 import re
 import shlex
+import shutil
 import tarfile
 import time
 from pathlib import Path
@@ -84,6 +97,13 @@ def apply(lab: Lab, kind: str, node: str | None = None, port: int | None = None,
         out = lab.node_sh(target, f"python3 -c {shlex.quote(listener)} </dev/null >/dev/null 2>&1 & echo $!")
         rec["pid"] = int(out.stdout.strip())  # in the node's PID namespace
         time.sleep(0.3)
+    elif kind == "stale":
+        rec["pid"] = _stale_process(lab, target)
+    elif kind == "throttle":  # nvidia-smi is simulated already: only its state changes
+        _simulate(target, "nvidia-smi", "throttle", THROTTLE)
+    elif kind in SIMULATED:
+        rec["tool"], rec["key"], value = SIMULATED[kind]
+        _simulate(target, rec["tool"], rec["key"], value)
     elif kind == "image-drift":
         image = params.runtime.image
         r = docker(target, "image", "inspect", "--format", "{{.Id}}", image, check=False)
@@ -113,8 +133,10 @@ def apply(lab: Lab, kind: str, node: str | None = None, port: int | None = None,
         rec["port"] = port or params.ports.ray
         for ifname in RAIL_NAMES:
             sh("ip", "netns", "exec", ns, "iptables", "-I", "INPUT", *_firewall_rule(ifname, rec["port"]))
-    elif kind == "slow-link":
+    elif kind in ("slow-link", "fec"):
         rec["rate"] = rate
+        if kind == "fec":
+            _simulate(target, "ethtool", "fec", {ifname: "None" for ifname in RAIL_NAMES})
         for r, ifname in enumerate(RAIL_NAMES):
             for where, dev in ((ns, ifname), (FABRIC_NS, f"{PREFIX}{target.index}r{r}")):
                 sh("ip", "netns", "exec", where, "tc", "qdisc", "replace", "dev", dev, "root", "tbf",
@@ -159,6 +181,17 @@ def _undo(lab: Lab, rec: dict) -> None:
         lab._wait_docker(node)
     elif kind == "port-busy":
         lab.node_sh(node, f"kill {int(rec['pid'])}", check=False)
+    elif kind == "stale":  # only if the PID is still that process; gone (reaped) before returning
+        lab.node_sh(node, f"pid={int(rec['pid'])}; if [ \"$(cat /proc/$pid/comm 2>/dev/null)\" = "
+                    f"{shlex.quote(STALE_NAME[:15])} ]; then kill \"$pid\"; for _ in $(seq 50); do "
+                    "[ -e /proc/$pid ] || break; sleep 0.1; done; fi", check=False)
+    elif kind == "throttle":
+        _set_state(node, "throttle", None)
+    elif kind in SIMULATED:
+        link = node.dir / "bin" / rec["tool"]
+        if link.is_symlink():
+            link.unlink()
+        _set_state(node, rec["key"], None)
     elif kind == "image-drift":
         image = lab.params().runtime.image
         if rec["previous"]:
@@ -168,7 +201,9 @@ def _undo(lab: Lab, rec: dict) -> None:
         docker(node, "rmi", rec["drift"], check=False)
     elif kind == "model-drift":
         Path(rec["file"]).write_bytes(Path(rec["backup"]).read_bytes())
-    elif kind == "slow-link":
+    elif kind in ("slow-link", "fec"):
+        if kind == "fec":
+            _set_state(node, "fec", None)
         for r, ifname in enumerate(RAIL_NAMES):
             for where, dev in ((ns, ifname), (FABRIC_NS, f"{PREFIX}{node.index}r{r}")):
                 sh("ip", "netns", "exec", where, "tc", "qdisc", "del", "dev", dev, "root", check=False)
@@ -200,6 +235,52 @@ def _firewall_rule(ifname: str, port: int) -> list[str]:
     """The firewall fault's rule on one rail, as added and as deleted."""
     return ["-i", ifname, "-p", "tcp", "--dport", str(int(port)), "-m", "comment", "--comment",
             "sparkbook-lab firewall", "-j", "DROP"]
+
+
+# What vLLM's engine process calls itself (setproctitle); nvidia-smi lists it so on a Spark.
+STALE_NAME = "VLLM::EngineCore"
+# Faults made by a simulated tool (sparkbook/lab/simhw.py) on the node's PATH while they hold:
+# the tool, the key of the node's state it reads, the value.
+SIMULATED = {"clock": ("date", "clock_offset_s", 5.0), "disk": ("df", "disk_free_kb", 1 << 20)}
+# The power brake of a Spark whose USB-C power negotiation failed (the GB10 stuck at 500-850 MHz).
+THROTTLE = {"reasons": ["HW Slowdown", "HW Power Brake Slowdown"], "mhz": 513}
+
+
+def _stale_process(lab: Lab, node: LabNode) -> int:
+    """A process on ``node`` named like vLLM's engine (its command line and its comm, which the
+    simulated nvidia-smi reads), holding 32 MiB; its PID in the node's PID namespace."""
+    code = (f"import time; held = b'x' * (32 << 20); open('/proc/self/comm', 'w').write({STALE_NAME!r}); "
+            "time.sleep(10**9)")
+    out = lab.node_sh(node, f"exec -a {shlex.quote(STALE_NAME)} \"$(python3 -c 'import sys; print(sys.executable)')\" "
+                      f"-c {shlex.quote(code)} </dev/null >/dev/null 2>&1 & echo $!")
+    time.sleep(0.3)
+    return int(out.stdout.strip())
+
+
+def _simulate(node: LabNode, tool: str, key: str, value) -> None:
+    """``tool`` on the node's PATH as simhw.py, reading ``key`` of the node's state. The node's copy
+    of simhw.py is refreshed first: a lab that is up may predate the tool."""
+    bin_dir = node.dir / "bin"
+    fresh = bin_dir / ".simhw.py.new"
+    shutil.copyfile(Path(__file__).with_name("simhw.py"), fresh)
+    fresh.chmod(0o755)
+    fresh.replace(bin_dir / "simhw.py")
+    _set_state(node, key, value)
+    if not (bin_dir / tool).is_symlink():
+        (bin_dir / tool).symlink_to(bin_dir / "simhw.py")
+
+
+def _set_state(node: LabNode, key: str, value) -> None:
+    """Set (None: remove) one key of the node's state, which the simulated tools read."""
+    path = node.dir / "state.json"
+    data = json.loads(path.read_text())
+    if value is None:
+        data.pop(key, None)
+    else:
+        data[key] = value
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)
 
 
 def _is_up(ns: str, ifname: str) -> bool:

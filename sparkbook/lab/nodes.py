@@ -30,8 +30,9 @@ FABRIC_MTU = 9000
 BASHRC = Path("/root/.bashrc")
 MAX_NODES = 32
 FAULTS = ("node-down", "mtu", "rail-down", "docker-down", "port-busy", "image-drift",
-          "model-drift", "slow-link", "stall", "firewall")
-SIMULATED_TOOLS = ("nvidia-smi", "ibdev2netdev", "ibstat", "ibv_devinfo", "ethtool")
+          "model-drift", "slow-link", "stall", "firewall", "stale", "clock", "disk",
+          "throttle", "fec")
+SIMULATED_TOOLS = ("nvidia-smi", "ibdev2netdev", "ibstat", "ibv_devinfo", "ethtool", "show_gids")
 TEMPLATE = project_root() / "parameters" / "lab.yaml"
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/python3 -IS
-"""Simulated DGX Spark hardware tools for the lab: nvidia-smi, ibdev2netdev, ibstat, ibv_devinfo
-and ethtool, installed on each lab node's PATH under those names (links to this file).
+"""Simulated DGX Spark hardware tools for the lab: nvidia-smi, ibdev2netdev, ibstat, ibv_devinfo,
+ethtool and show_gids, installed on each lab node's PATH under those names (links to this file); and `date`
+and `df`, linked there only while a fault (clock, disk) skews the clock or fills the disks.
 
 They print the formats that these tools print on a real DGX Spark (GB10 GPU, ConnectX-7 in RoCE
 mode; real samples with their sources are in ../shared/field-samples), driven by the node's real
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -98,6 +100,45 @@ def smi_table(s: dict) -> str:
     return "\n".join(rows) + "\n"
 
 
+# nvidia-smi -q as a GB10 prints it (driver 580: "Clocks Event Reasons", N/A for the memory and
+# its clock; real sample: github.com/ollama/ollama/issues/13552). A lab fault (throttle) sets
+# state["throttle"] = {"reasons": [...], "mhz": N}: those reasons Active, the clocks held at N MHz.
+REASONS = ("Idle", "Applications Clocks Setting", "SW Power Cap", "HW Slowdown", "HW Thermal Slowdown",
+           "HW Power Brake Slowdown", "Sync Boost", "SW Thermal Slowdown", "Display Clock Setting")
+
+
+def smi_query(s: dict) -> str:
+    g, held = s["gpu"], s.get("throttle") or {}
+    active = set(held.get("reasons", [])) or ({"Idle"} if not gpu_processes() else set())
+    mhz = held.get("mhz", g.get("clock_mhz", 2418))
+    row = lambda depth, key, value="": (f"{'    ' * depth}{key:<{42 - 4 * depth}}: {value}" if value != ""
+                                        else f"{'    ' * depth}{key}")  # noqa: E731
+    out = ["", "==============NVSMI LOG==============", "",
+           row(0, "Timestamp", f"{time.strftime('%a %b %e %H:%M:%S %Y')} ({MARK})"),
+           row(0, "Driver Version", g["driver"]), row(0, "CUDA Version", g["cuda"]), "",
+           row(0, "Attached GPUs", g["count"])]
+    for i in range(g["count"]):
+        out += [f"GPU {g['bus_id'] if i == 0 else f'0000000{i:X}:01:00.0'}",
+                row(1, "Product Name", g["name"]), row(1, "Product Architecture", "Blackwell"),
+                row(1, "Persistence Mode", "Enabled"), row(1, "Addressing Mode", "ATS"),
+                row(1, "GPU UUID", GPU_FIELDS["uuid"](g, i)), row(1, "FB Memory Usage"),
+                *(row(2, k, "N/A") for k in ("Total", "Reserved", "Used", "Free")),
+                row(1, "Performance State", "P0"), row(1, "Clocks Event Reasons"),
+                *(row(3 if r in ("HW Thermal Slowdown", "HW Power Brake Slowdown") else 2, r,
+                      "Active" if r in active else "Not Active") for r in REASONS),
+                row(1, "Clocks Event Reasons Counters"),
+                *(row(2, k, "0 us") for k in ("SW Power Capping", "Sync Boost", "SW Thermal Slowdown",
+                                               "HW Thermal Slowdown", "HW Power Braking")),
+                row(1, "Temperature"), row(2, "GPU Current Temp", "40 C"),
+                row(1, "GPU Power Readings"), row(2, "Instantaneous Power Draw", "11.00 W"),
+                row(2, "Current Power Limit", "N/A"),
+                row(1, "Clocks"), row(2, "Graphics", f"{mhz} MHz"), row(2, "SM", f"{mhz} MHz"),
+                row(2, "Memory", "N/A"), row(2, "Video", f"{min(mhz, 1470)} MHz"),
+                row(1, "Max Clocks"), row(2, "Graphics", "3003 MHz"), row(2, "SM", "3003 MHz"),
+                row(2, "Memory", "N/A"), row(2, "Video", "3003 MHz"), ""]
+    return "\n".join(out) + "\n"
+
+
 GPU_FIELDS = {
     "index": lambda g, i: str(i),
     "name": lambda g, i: g["name"],
@@ -129,6 +170,8 @@ def nvidia_smi(args: list[str], s: dict) -> int:
     elif args == ["-L"]:
         for i in range(g["count"]):
             print(f"GPU {i}: {g['name']} (UUID: {GPU_FIELDS['uuid'](g, i)})")
+    elif "-q" in args or "--query" in args:
+        sys.stdout.write(smi_query(s))
     elif query:
         fields = [f.strip() for f in query.split(",")]
         bad = [f for f in fields if f not in GPU_FIELDS]
@@ -256,6 +299,8 @@ def ethtool(args: list[str], s: dict) -> int:
               f"firmware-version: {s['firmware'] + ' (NVD0000000087)' if nic else ''}\n"
               f"bus-info: {nic['bus'] if nic else ''}")
         return 0
+    if "--show-fec" in args:
+        return show_fec(name, nic, link, s)
     up = is_up(link)
     speed = f"{s['speed_mbps']}Mb/s" if up and nic else "Unknown!"
     print(f"Settings for {name}:")
@@ -277,8 +322,94 @@ def ethtool(args: list[str], s: dict) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------- FEC and RoCE GIDs
+
+def show_fec(name: str, nic: dict | None, link: dict, s: dict) -> int:
+    """`ethtool --show-fec IF` as ethtool's netlink code prints it: RS on an up CX-7 port, as on a
+    healthy Spark at 200G; the state's "fec" (netdev -> mode) overrides it: the `fec` fault sets
+    None, what a Spark printed after its cable was moved."""
+    if nic is None:
+        print("netlink error: Operation not supported", file=sys.stderr)
+        return 1
+    print(f"FEC parameters for {name}:")
+    print("Supported/Configured FEC encodings: Auto")
+    print(f"Active FEC encoding: {s.get('fec', {}).get(name, 'RS' if is_up(link) else 'None')}")
+    return 0
+
+
+def addresses() -> dict[str, list[str]]:
+    """The node's IPv4 addresses by netdev (from its own namespace)."""
+    out = subprocess.run(["ip", "-j", "-4", "addr", "show"], capture_output=True, text=True, check=True)
+    return {li["ifname"]: [a["local"] for a in li.get("addr_info", [])] for li in json.loads(out.stdout)}
+
+
+def show_gids(args: list[str], s: dict) -> int:
+    """show_gids (mlnx-tools) for the node's HCAs, port 1: the link-local GID (from the netdev's
+    MAC, else the HCA's GUID) as RoCE v1 and v2, then each IPv4 address of the netdev as v1 and v2,
+    so that a rail's first address is the RoCE v2 GID at index 3, as on DGX OS."""
+    import ipaddress
+    live, addrs = links(), addresses()
+    print("DEV\tPORT\tINDEX\tGID\t\t\t\t\tIPv4  \t\tVER\tDEV")
+    print("---\t----\t-----\t---\t\t\t\t\t------------  \t---\t---")
+    count = 0
+    for n in s["nics"]:
+        if args and n["hca"] != args[0]:
+            continue
+        mac = (live.get(n["netdev"]) or {}).get("address")
+        if mac:
+            b = [int(x, 16) for x in mac.split(":")]
+            eui = [b[0] ^ 2, *b[1:3], 0xFF, 0xFE, *b[3:6]]
+            local = ":".join(f"{eui[i]:02x}{eui[i + 1]:02x}" for i in range(0, 8, 2))
+        else:
+            local = ":".join(f"{int(w, 16):04x}" for w in n["guid"].split(":"))
+        entries = [("fe80:0000:0000:0000:" + local, "")] * 2
+        entries += [(ipaddress.IPv6Address("::ffff:" + a).exploded, a) for a in addrs.get(n["netdev"], [])
+                    for _ in (1, 2)]
+        for index, (gid, ipv4) in enumerate(entries):
+            ver = f"v{index % 2 + 1}"
+            print(f"{n['hca']}\t1\t{index}\t{gid}\t{ipv4}  \t{ver}\t{n['netdev']}" if ipv4
+                  else f"{n['hca']}\t1\t{index}\t{gid}\t\t\t{ver}\t{n['netdev']}")
+            count += 1
+    print(f"n_gids_found={count}")
+    return 0
+
+
+# ------------------------------------------------------------------------------------ host
+# Linked onto a node's PATH only while a fault needs them (sparkbook/lab/faults.py: clock, disk);
+# everything else they pass to the real tool.
+
+TIME_GIVEN = ("-d", "--date", "-s", "--set", "-r", "--reference", "-f", "--file")
+
+
+def date(args: list[str], s: dict) -> int:
+    """The real date, told that now is ``clock_offset_s`` seconds later (the lab's nodes share
+    this machine's clock: a skewed one can only be simulated)."""
+    if not any(a.startswith(TIME_GIVEN) for a in args):
+        args = ["-d", f"@{time.time() + float(s.get('clock_offset_s', 0)):.9f}", *args]
+    os.execv("/bin/date", ["date", *args])
+
+
+def df(args: list[str], s: dict) -> int:
+    """The real df with at most ``disk_free_kb`` available on each filesystem, in 1K blocks (as
+    `df -Pk` prints them, which sparkbook's inventory.sh reads); other units pass unchanged."""
+    limit = s.get("disk_free_kb")
+    if limit is None or any(re.match(r"-[^-]*[hHmB]|--(human|si|block)", a) for a in args):
+        os.execv("/bin/df", ["df", *args])
+    r = subprocess.run(["/bin/df", *args], capture_output=True, text=True)
+    lines = r.stdout.splitlines()
+    for i, line in enumerate(lines[1:], 1):
+        f = line.split()
+        if len(f) >= 6 and f[2].isdigit() and f[3].isdigit():
+            used, avail = int(f[2]), min(int(f[3]), int(limit))
+            f[3], f[4] = str(avail), f"{-(-100 * used // max(used + avail, 1))}%"
+            lines[i] = " ".join(f)
+    sys.stdout.write("".join(ln + "\n" for ln in lines))
+    sys.stderr.write(r.stderr)
+    return r.returncode
+
+
 TOOLS = {"nvidia-smi": nvidia_smi, "ibdev2netdev": ibdev2netdev, "ibstat": ibstat,
-         "ibv_devinfo": ibv_devinfo, "ethtool": ethtool}
+         "ibv_devinfo": ibv_devinfo, "ethtool": ethtool, "show_gids": show_gids, "date": date, "df": df}
 
 
 def main(argv: list[str]) -> int:

@@ -1,11 +1,13 @@
-"""Preflight checks of what the deployment brings: the image (the head's, the same on every node
-or still to distribute), the model (the head's files on every node) and the Hugging Face token."""
+"""Preflight checks of what the deployment brings: the image (the head's, the same on every node by
+ID or by content, or still to distribute), the model (the head's files on every node) and the
+Hugging Face token."""
 
 from __future__ import annotations
 
 import os
 from typing import Iterator
 
+from ..distribution.identity import ImageIdentity, same_image
 from ..manifest import describe_differences, manifest_differences, split_extras
 from ..params import Params
 from ..tables import short_id
@@ -17,22 +19,23 @@ def image(params: Params, pf: Preflight) -> Iterator[Check]:
     if params.runtime.kind != "docker":
         return
     name, head = params.runtime.image, params.head.name
-    ref = pf.nodes[head]["image"] if head in pf.nodes else None
+    ref = ImageIdentity.of(pf.nodes[head]["image"]) if head in pf.nodes else None
     for node in pf.up(params):
-        img = pf.nodes[node.name]["image"]
+        img = ImageIdentity.of(pf.nodes[node.name]["image"])
         if node.name == head:
             ok = img is not None
-            yield Check("image", node.name, PASS if ok else FAIL, short_id(img) if ok else "absent",
+            yield Check("image", node.name, PASS if ok else FAIL, short_id(img.id) if ok else "absent",
                         f"{name} on the head", "" if ok else f"`docker pull {name}` (or build it) on the head",
                         f"docker image inspect {name}")
         elif img is None:
-            yield Check("image", node.name, WARN, "absent: to distribute", short_id(ref),
+            yield Check("image", node.name, WARN, "absent: to distribute", short_id(ref and ref.id),
                         "03_distribute_image sends it from the head")
         else:
-            ok = img == ref
-            yield Check("image", node.name, PASS if ok else FAIL, short_id(img), short_id(ref),
-                        "" if ok else f"a different image under {name}: "
-                        "03_distribute_image replaces it with the head's", f"docker image inspect {name}")
+            ok, why = same_image(img, ref)
+            yield Check("image", node.name, PASS if ok else FAIL,
+                        short_id(img.id) + ("" if ref and img.id == ref.id else f": {why}"),
+                        short_id(ref and ref.id), "" if ok else f"a different image under "
+                        f"{name}: 03_distribute_image replaces it with the head's", f"docker image inspect {name}")
 
 
 def model(params: Params, pf: Preflight) -> Iterator[Check]:

@@ -4,9 +4,10 @@ other; one row per check, node and thing checked."""
 
 from __future__ import annotations
 
+from .. import memfit
 from ..params import Params
 from ..verdict import Check
-from . import artifacts, fabric, nodes, reach
+from . import artifacts, fabric, host, nodes, reach
 from .collect import Preflight
 
 
@@ -17,6 +18,7 @@ def checks(params: Params, pf: Preflight) -> list[Check]:
         *nodes.sameness(params, pf),
         *nodes.gpus(params, pf),
         *nodes.runtime(params, pf),
+        *host.health(params, pf),
         *fabric.layout(params, pf),
         *fabric.rails(params, pf),
         *reach.tcp(params, pf),
@@ -25,6 +27,7 @@ def checks(params: Params, pf: Preflight) -> list[Check]:
         *nodes.disks(params, pf),
         *artifacts.image(params, pf),
         *artifacts.model(params, pf),
+        *memfit.checks(params, {n: r["memory"] for n, r in pf.nodes.items() if "memory" in r}),
         *artifacts.hf_token(params, pf),
         *reach.unreachable(params, pf),
     ]

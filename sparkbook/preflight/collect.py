@@ -9,16 +9,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypedDict
 
-from .. import inventory
+from .. import inventory, memfit
+from ..distribution import identity
 from ..inventory import NodeFacts, NodeRow
 from ..manifest import Manifest, manifest_script, parse_manifest
 from ..params import Node, Params
 from ..parsers import (IbDevice, LinkSpeed, RailMap, SmiTable, parse_ethtool, parse_ibdev2netdev,
                        parse_ibstat, parse_ibv_devinfo, parse_nvidia_smi_table, parse_sections)
+from ..parsers import Fec, Gid, parse_fec_sections, parse_show_gids
 from ..remote import Cluster
 from ..shell import PEER_SSH, Bundle, bundle, script
 from ..step import Outcome
 from . import tcp
+from .host_state import HostState, parse_host_state
 from .layout import RING, classify
 
 # Processes that hold GPU memory when left over from an earlier run.
@@ -53,17 +56,21 @@ class NodeReport(TypedDict):
     ibstat: dict[str, IbDevice] | None
     ibv_devinfo: dict[str, IbDevice] | None
     ethtool: dict[str, LinkSpeed]  # rail interface -> its speed
+    fec: dict[str, Fec] | None  # rail interface -> its FEC mode (ethtool --show-fec); None: no ethtool
+    gids: dict[str, list[Gid]] | None  # HCA -> its RoCE GID table; None: neither show_gids nor sysfs
     links: dict[str, Link]  # interface -> its link and addresses
     ping: list[Ping]
     listeners: list[str]  # ss -ltnp lines
     processes: list[str]  # "PID COMMAND LINE" of possibly stale processes
     containers: list[list[str]]  # [name, image, status]
-    image: str | None  # the ID of the parameters' image; None: absent
+    image: dict | None  # the parameters' image: identity.py's fields of `docker image inspect`; None: absent
     venv: str | None  # vllm's version in the venv, or the error's last line
     model: Manifest | None  # None: the model's folder is absent
     peers_ssh: dict[str, tuple[str, bool]]  # peer -> (target, answered): see ssh_peers
     skew_s: float | None  # clock against this machine's
     tcp: tcp.TcpReport | None  # the serving ports probed from this node; None: not probed
+    host: HostState | None  # GPU clocks, memlock, swap, rail firmware; None: not reported
+    memory: memfit.MemReport  # meminfo, GPU memory; on the head the model's size and config
 
 
 @dataclass
@@ -101,7 +108,7 @@ def node_bundle(params: Params, node: Node) -> Bundle:
     pings = [a for rail in node.rails for net in [rail.network] for peer in peers for pr in peer.rails
              if pr.ip in net for a in (rail.interface, pr.ip)]
     if params.runtime.kind == "docker":
-        runtime = script("runtime_state.sh", "docker", params.runtime.image)
+        runtime = script("runtime_state.sh", "docker", params.runtime.image, identity.INSPECT_FORMAT)
     else:
         runtime = script("runtime_state.sh", "venv", params.runtime.venv)
     parts = [("inventory", inventory.node_script(params)),
@@ -109,7 +116,9 @@ def node_bundle(params: Params, node: Node) -> Bundle:
              ("ping", script("path_mtu.sh", params.expectations.mtu - 28, *pings)),
              ("in-use", script("in_use.sh", STALE)),
              ("runtime", runtime),
-             ("model", manifest_script(params.model.path, params.model.verify == "all"))]
+             ("model", manifest_script(params.model.path, params.model.verify == "all")),
+             ("host", script("host_state.sh", *(r.interface for r in node.rails))),
+             ("memfit", memfit.node_script(params, node))]
     reaches = ssh_peers(params, node)
     if reaches:
         targets = [a for peer in reaches for a in (peer.name, peer.peer_target, peer.port or 22)]
@@ -144,7 +153,6 @@ def parse(stdout: str) -> NodeReport:
         links = {li["ifname"]: li for li in json.loads(s.get("links") or "[]")}
     except json.JSONDecodeError:
         links = {}
-    image = s.get("image", "").strip()
     return {
         "facts": inventory.parse(stdout),
         "smi": None if _unavailable(s.get("smi", "")) else parse_nvidia_smi_table(s["smi"]),
@@ -152,19 +160,23 @@ def parse(stdout: str) -> NodeReport:
         "ibstat": None if _unavailable(s.get("ibstat")) else parse_ibstat(s["ibstat"]),
         "ibv_devinfo": None if _unavailable(s.get("ibv_devinfo")) else parse_ibv_devinfo(s["ibv_devinfo"]),
         "ethtool": ethtool,
+        "fec": parse_fec_sections(s),
+        "gids": None if _unavailable(s.get("gids")) else parse_show_gids(s["gids"]),
         "links": links,
         "ping": [{"interface": p[0], "peer": p[1], "ok": p[2] == "0"}
                  for p in (ln.split() for ln in s.get("ping", "").splitlines()) if len(p) == 3],
         "listeners": s.get("listeners", "").splitlines(),
         "processes": [ln.strip() for ln in s.get("processes", "").splitlines() if ln.strip()],
         "containers": [ln.split("\t") for ln in s.get("containers", "").splitlines() if ln.strip()],
-        "image": None if image in ("", "absent") else image,
+        "image": identity.parse(s.get("image", "")),
         "venv": s.get("venv"),
         "model": parse_manifest(s.get("model", "absent")),
         "peers_ssh": {p[0]: (p[1], p[2] == "0") for p in (ln.split() for ln in s.get("peers-ssh", "").splitlines())
                       if len(p) == 3},
         "skew_s": None,
         "tcp": None,
+        "host": parse_host_state(s),
+        "memory": memfit.parse(s),
     }
 
 

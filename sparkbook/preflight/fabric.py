@@ -1,13 +1,16 @@
 """Preflight checks of the RoCE fabric: its layout (a direct pair or a switch), then per rail of
-every node: the HCA mapped to its interface and Up, its port ACTIVE, the link rate, the MTU, the
-address, and the path MTU to every peer on the rail's subnet."""
+every node: the HCA mapped to its interface and Up, its port ACTIVE, the link rate, its forward
+error correction, the MTU, the address, the RoCE GID index NCCL is told, and the path MTU to every
+peer on the rail's subnet."""
 
 from __future__ import annotations
 
 from typing import Iterator, NamedTuple
 
 from ..params import Node, Params, Rail
-from ..verdict import FAIL, PASS, WARN, Check
+from ..parsers import NO_FEC, Gid
+from ..serving.containers import nccl_gid_index
+from ..verdict import FAIL, PASS, SKIP, WARN, Check
 from .collect import NodeReport, Preflight
 from .layout import MIXED, RING, classify
 
@@ -20,8 +23,11 @@ def rails(params: Params, pf: Preflight) -> Iterator[Check]:
             if rail.hca:
                 yield from rail_map(node, rail, d)
             yield rail_rate(params, node, rail, d)
+            yield rail_fec(node, rail, d)
             yield rail_mtu(params, node, rail, d)
             yield rail_address(node, rail, d)
+            if rail.hca:
+                yield rail_gid(params, node, rail, d)
             yield from path_mtu(params, node, rail, d, names)
 
 
@@ -79,6 +85,82 @@ def rail_rate(params: Params, node: Node, rail: Rail, d: NodeReport) -> Check:
                  f"{where}: {speed}Mb/s" if speed else f"{where}: no link speed",
                  f"{want}Mb/s", "" if speed == want else "a degraded or down link: pin the switch "
                  "port (or both ends) to the expected speed and check the cable", f"ethtool {where}")
+
+
+# From 200 Gb/s (50G PAM4 lanes) Ethernet needs RS-FEC. A DGX Spark whose QSFP cable was moved
+# came up at 200 Gb/s with "Active FEC encoding: None" and all_gather busbw fell from 21.4 to
+# 2.8 GB/s (github.com/KoyoImai/dgx_spark_cluster2, Step011/README.md; tests/test_fabric_field.py).
+FEC_FROM_MBPS = 200_000
+
+
+def rail_fec(node: Node, rail: Rail, d: NodeReport) -> Check:
+    """An active FEC (RS) on a rail that runs at 200 Gb/s or more."""
+    where = rail.interface
+    want, command = "an active FEC (RS) at 200 Gb/s and above", f"ethtool --show-fec {where}"
+    fecs = d.get("fec")
+    if fecs is None:
+        return Check("rail fec", node.name, WARN, "ethtool unavailable", want,
+                     "install ethtool: a rail without FEC runs at a fraction of its rate while "
+                     "every other check passes", command)
+    fec = fecs.get(where)
+    if not fec or not fec["active"]:
+        seen = fec["error"] if fec and fec["error"] else "no FEC mode reported"
+        return Check("rail fec", node.name, SKIP, f"{where}: {seen}", want, "", command)
+    speed = (d["ethtool"].get(where) or {}).get("speed_mbps")
+    seen = f"{where}: active {fec['active']}" + (f" at {speed}Mb/s" if speed else ", no link speed") + (
+        f" (configured: {' '.join(fec['configured'])})" if fec["configured"] else "")
+    if fec["active"] not in NO_FEC:
+        return Check("rail fec", node.name, PASS, seen, want, "", command)
+    if not speed:  # the link is down: the rate row says so, and no FEC is negotiated
+        return Check("rail fec", node.name, SKIP, seen, want, "", command)
+    if speed < FEC_FROM_MBPS:
+        return Check("rail fec", node.name, PASS, seen + "; FEC is judged from 200 Gb/s", want, "", command)
+    return Check("rail fec", node.name, FAIL, seen, want,
+                 f"forward error correction is off: `sudo ethtool --set-fec {where} encoding rs` here "
+                 "and on the cable's other end (on a switch, set the port's FEC to RS, `fec91` on "
+                 f"RouterOS), then `{command}` must show Active FEC encoding: RS; if the bandwidth stays "
+                 "low after that, reboot the node (owners report that restored it)", command)
+
+
+def _gid(g: Gid) -> str:
+    return f"{g['ipv4'] or g['gid']} ({g['version'] or 'type unknown'}, {g['netdev'] or 'no interface'})"
+
+
+def rail_gid(params: Params, node: Node, rail: Rail, d: NodeReport) -> Check:
+    """The GID index NCCL gets (:func:`~sparkbook.serving.containers.nccl_gid_index`: serving.env's
+    NCCL_IB_GID_INDEX, else runtime.nccl_ib_gid_index) holds the rail's IPv4 address as a RoCE v2
+    GID on the rail's HCA (port 1); else the index that does, for the remedy."""
+    hca, ip = rail.hca or "", str(rail.ip)
+    value, setting = nccl_gid_index(params)
+    command = f"show_gids {hca}"
+    if not value.isdigit():  # an empty NCCL_IB_GID_INDEX reads as 0, the link-local GID
+        return Check("rail gid", node.name, FAIL, f"NCCL_IB_GID_INDEX={value!r} ({setting})",
+                     f"{hca}: the index of the RoCE v2 GID holding {ip}", f"set `{setting}` to that "
+                     f"index (`{command}`), or remove it from serving.env to use runtime.nccl_ib_gid_index",
+                     command)
+    index = int(value)
+    want = f"{hca} GID {index}: {ip} (v2)" + (f", from {setting}" if setting.startswith("serving.") else "")
+    gids = d.get("gids")
+    if gids is None:
+        return Check("rail gid", node.name, WARN, "show_gids unavailable, and no /sys/class/infiniband",
+                     want, "install mlnx-tools (show_gids) or load the RDMA driver, then re-check: "
+                     "NCCL needs the GID index of the rail's address", command)
+    table = [g for g in gids.get(hca, []) if g["port"] == 1]
+    at = next((g for g in table if g["index"] == index), None)
+    if at and at["version"] == "v2" and at["ipv4"] == ip:
+        return Check("rail gid", node.name, PASS, f"{hca} GID {index}: {_gid(at)}", want, "", command)
+    seen = f"{hca} GID {index}: {_gid(at) if at else 'empty'}" if table else f"no GID table for {hca}"
+    right = next((g["index"] for g in table if g["version"] == "v2" and g["ipv4"] == ip), None)
+    if right is not None:
+        shown = f'"{right}"' if setting.startswith("serving.") else right  # serving.env holds strings
+        remedy = (f"{ip} is the RoCE v2 GID at index {right}: set `{setting}: {shown}` in the "
+                  "parameters (NCCL_IB_GID_INDEX is one index for every node and rail; an "
+                  "address can move to another index after the cabled peer restarts), then re-check")
+    else:
+        remedy = (f"no RoCE v2 GID of {hca} holds {ip}: assign {ip}/{rail.prefix} to {rail.interface} "
+                  f"(see the rail address row) and check that {hca} drives {rail.interface}; the GID "
+                  "table follows the interface's addresses")
+    return Check("rail gid", node.name, FAIL, seen, want, remedy, command)
 
 
 def rail_mtu(params: Params, node: Node, rail: Rail, d: NodeReport) -> Check:

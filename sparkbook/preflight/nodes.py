@@ -15,8 +15,9 @@ SKEW_WARN_S, SKEW_FAIL_S = 0.5, 2.0
 
 
 def sameness(params: Params, pf: Preflight) -> Iterator[Check]:
-    """OS, arch, kernel and driver alike on every node (mismatches break NCCL and CUDA)."""
-    for fact in ("os", "arch", "kernel", "driver"):
+    """OS, arch and kernel alike on every node (mismatches break NCCL and CUDA); the driver and the
+    firmware, with their ranges, are host.versions'."""
+    for fact in ("os", "arch", "kernel"):
         seen = {n.name: pf.nodes[n.name]["facts"].get(fact) for n in pf.up(params)}
         ok = len(set(seen.values())) <= 1
         yield Check(f"same {fact}", "all", PASS if ok else WARN,
@@ -45,10 +46,12 @@ def gpus(params: Params, pf: Preflight) -> Iterator[Check]:
                         "and gpus_per_node, or the node's GPUs", "nvidia-smi")
             unified = all(g["memory"] is None for g in smi["gpus"])
             avail = f.get("memory_available_gb")
+            seen = (f"unified memory: {avail} GB available of {f.get('memory_gb')} GB (/proc/meminfo; "
+                    "nvidia-smi reports GPU memory as not supported on GB10)") if avail else \
+                "unified memory: available memory not reported (MemAvailable in /proc/meminfo)"
             yield Check("memory", node.name, PASS if avail else WARN,
-                        (f"unified memory: {avail} GB available of {f.get('memory_gb')} GB (/proc/meminfo; "
-                         "nvidia-smi reports GPU memory as not supported on GB10)") if unified else
-                        ", ".join(str(g["memory"]) for g in smi["gpus"]), "memory free for the model")
+                        seen if unified else ", ".join(str(g["memory"]) for g in smi["gpus"]),
+                        "memory free for the model", "" if avail else "check /proc/meminfo on the node")
         holders = [f"{p['pid']} {p['name']} {p['memory_mib']}MiB" for p in (smi or {}).get("processes", [])
                    if p["type"] == "C"]
         running = [c for c in d["containers"] if len(c) >= 2 and (
@@ -68,7 +71,7 @@ def runtime(params: Params, pf: Preflight) -> Iterator[Check]:
         f = d["facts"]
         if params.runtime.kind == "docker":
             ok = f.get("docker") not in (None, "", "absent", "daemon unreachable")
-            yield Check("docker", node.name, PASS if ok else FAIL, f"Docker {f.get('docker')}",
+            yield Check("docker", node.name, PASS if ok else FAIL, f"Docker {f.get('docker') or 'not reported'}",
                         "a running Docker daemon", "" if ok else "start Docker (`sudo systemctl start "
                         "docker`) and let the user run it (docker group)", "docker version")
             if not params.runtime.gpus:

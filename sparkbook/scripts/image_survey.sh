@@ -1,22 +1,21 @@
 #!/usr/bin/env bash
 # What a node's Docker holds and can do, for the image distribution (03): sections introduced by
 # "@@ NAME" lines:
-#   id            the image's ID and size, or "absent"
-#   image layers  the image's diff IDs (a JSON list)
+#   image         IMAGE's identity and size: `docker image inspect` with FORMAT (its ID, size,
+#                 registry digests, diff IDs and runtime config, one JSON object: the format is
+#                 sparkbook/distribution/identity.py's INSPECT_FORMAT); nothing when it is absent
 #   docker        the server's version
 #   driver        the storage driver and its status (the containerd image store shows there)
 #   root          Docker's root folder
 #   layers        the diff IDs of every image the node holds, one JSON list per image
 #   zstd          zstd's path, or "absent"
 # A section whose command fails holds its error (or nothing); the script itself always succeeds.
-# Usage: image_survey.sh IMAGE
+# Usage: image_survey.sh IMAGE FORMAT
 set -euo pipefail
-image=$1
+image=$1 format=$2
 
-echo '@@ id'
-docker image inspect --format '{{.Id}} {{.Size}}' -- "$image" 2>/dev/null || echo absent
-echo '@@ image layers'
-docker image inspect --format '{{json .RootFS.Layers}}' -- "$image" 2>/dev/null || true
+echo '@@ image'
+docker image inspect --format "$format" -- "$image" 2>/dev/null || true
 echo '@@ docker'
 docker version --format '{{.Server.Version}}' 2>&1 || true
 echo '@@ driver'

@@ -30,8 +30,17 @@ def fabric_env(params: Params, node: Node) -> dict[str, str]:
         hcas = [r.hca for r in node.rails if r.hca]
         if hcas:
             env["NCCL_IB_HCA"] = ",".join(hcas)
-            env["NCCL_IB_GID_INDEX"] = str(params.runtime.nccl_ib_gid_index)
+            env["NCCL_IB_GID_INDEX"] = nccl_gid_index(params)[0]
     return env
+
+
+def nccl_gid_index(params: Params) -> tuple[str, str]:
+    """The RoCE GID index NCCL gets in every sparkbook container, and the setting it comes from:
+    ``serving.env``'s NCCL_IB_GID_INDEX where the parameters set it (the serving containers' env
+    goes after the fabric binding, so it wins), else ``runtime.nccl_ib_gid_index``."""
+    if "NCCL_IB_GID_INDEX" in params.serving.env:
+        return params.serving.env["NCCL_IB_GID_INDEX"], "serving.env.NCCL_IB_GID_INDEX"
+    return str(params.runtime.nccl_ib_gid_index), "runtime.nccl_ib_gid_index"
 
 
 # Every sparkbook container carries this label, valued with its deployment's name (``params.name``):

@@ -64,15 +64,16 @@ class Deployment(Outcome):
         return [("vLLM start-up", f"{took} ({self.action})")]
 
 
-def serve(params: Params, cluster: Cluster, run_dir: Path,
-          say: Callable[[str], object] = print) -> Deployment:
+def serve(params: Params, cluster: Cluster, run_dir: Path, say: Callable[[str], object] = print,
+          states: dict[str, NodeState] | None = None) -> Deployment:
     """Bring vLLM up across the nodes (or keep it, when it is healthy and unchanged), wait for it,
-    and diagnose when it does not come up. Never leaves a half-started deployment running."""
+    and diagnose when it does not come up. Never leaves a half-started deployment running.
+    ``states``: :func:`node_states` just read (05's gate reads them first), else read here."""
     t0 = time.monotonic()
     require_key(params)
     dep = Deployment(fingerprints={n.name: fingerprint(params, n, False) for n in watched_nodes(params)},
                      executor=params.serving.executor)
-    states = node_states(params, cluster)
+    states = states or node_states(params, cluster)
     bad = [f"{n}: {s.error}" for n, s in states.items() if s.error]
     if bad:
         raise CheckFailed("cannot read the nodes' containers: " + "; ".join(bad))
@@ -142,6 +143,16 @@ def what_runs(params: Params, cluster: Cluster, states: dict[str, NodeState],
     name = serving_container(params)
     on = {n for n, s in states.items() if name in s.containers}
     return bool(on), on == set(fingerprints) and all(states[n].current(name, fp) for n, fp in fingerprints.items())
+
+
+def vllm_running(params: Params, cluster: Cluster, states: dict[str, NodeState]) -> bool:
+    """Whether vLLM runs now, holding its memory: vllm serve in the head's Ray container, or a
+    serving container that runs (unlike :func:`what_runs`, an exited one, such as a vLLM the OOM
+    killer ended, does not count: it holds no memory)."""
+    if params.serving.executor == "ray":
+        return serving_fingerprint(params, cluster) is not None
+    name = serving_container(params)
+    return any(states[n.name].running(name) for n in params.serving_nodes if n.name in states)
 
 
 def start_serving(params: Params, cluster: Cluster, states: dict[str, NodeState],

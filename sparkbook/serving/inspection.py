@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import workdir
+from ..distribution.identity import INSPECT_FORMAT, ImageIdentity, parse, same_image
 from ..params import Params
 from ..redact import mask
 from ..remote import Cluster
@@ -22,7 +23,7 @@ from .containers import docker_run, named
 from .state import replace
 
 INSPECT_SCRIPT = SCRIPTS / "inspect_vllm.py"
-CACHE = "image_inspection.json"  # in the run folder: the last inspection, per image ID and model
+CACHE = "image_inspection.json"  # in the run folder: the last inspection, per image and model
 
 
 @dataclass
@@ -47,18 +48,22 @@ class ImageInfo:
 def inspect_image(params: Params, cluster: Cluster, run_dir: Path | None = None) -> ImageInfo:
     """Read the image on the head: versions, `vllm serve` options, supported architectures. Runs
     inside the image with the runtime's GPU flags (``vllm serve --help`` crashes in some images
-    without GPU access); the result is kept in the run folder per image ID and model."""
+    without GPU access); the result is kept in the run folder per image (the same by ID or by
+    content: :func:`same_image`) and model."""
     head = params.head
-    ident = cluster.run_on(head, ["docker", "image", "inspect", "--format", "{{.Id}}", params.runtime.image])
-    info = ImageInfo(params.runtime.image, ident.stdout.strip() if ident.ok else None)
-    if not info.image_id:
+    ident = cluster.run_on(head, ["docker", "image", "inspect", "--format", INSPECT_FORMAT, "--",
+                                  params.runtime.image])
+    found = ImageIdentity.of(parse(ident.stdout)) if ident.ok else None
+    info = ImageInfo(params.runtime.image, found and found.id)
+    if not found:
         info.errors["image"] = f"{params.runtime.image} is not on {head.name}: {ident.summary()}"
         return info
     cache = run_dir / CACHE if run_dir else None
     if cache and cache.exists():
         old = json.loads(cache.read_text())
-        if old.pop("model", None) == params.model.path and old.get("image_id") == info.image_id:
-            return ImageInfo(**old)
+        seen = ImageIdentity.of(old.pop("identity", None) or old.get("image_id"))
+        if old.pop("model", None) == params.model.path and same_image(found, seen)[0]:
+            return ImageInfo(**{**old, "image_id": found.id})
     start = time.monotonic()
     workdir.prepare(params, cluster, [head])
     remote = f"{workdir.workdir(params, head)}/inspect_vllm.py"
@@ -68,11 +73,11 @@ def inspect_image(params: Params, cluster: Cluster, run_dir: Path | None = None)
                      detach=False, remove=True,
                      mounts=[f"{remote}:{remote}:ro", f"{params.model.path}:{params.model.path}:ro"])
     r = cluster.run_on(head, replace(params, head, name, run), timeout=300)
-    found = re.search(r"^INSPECT (.*)$", r.stdout, re.M)
-    if not found:
+    printed = re.search(r"^INSPECT (.*)$", r.stdout, re.M)
+    if not printed:
         info.errors["inspect"] = f"{shown(run)} printed no result: {r.summary()}"
         return info
-    data = json.loads(found.group(1))
+    data = json.loads(printed.group(1))
     for k in ("vllm", "ray", "torch", "transformers", "options", "options_from", "architectures",
               "model_architectures", "stubbed"):
         if data.get(k) is not None:
@@ -81,7 +86,8 @@ def inspect_image(params: Params, cluster: Cluster, run_dir: Path | None = None)
     info.seconds = time.monotonic() - start
     if cache:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(mask(json.dumps({**asdict(info), "model": params.model.path}, indent=2)) + "\n")
+        cache.write_text(mask(json.dumps({**asdict(info), "model": params.model.path, "identity": asdict(found)},
+                                         indent=2)) + "\n")
     return info
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .. import redact, workdir
+from ..distribution.identity import INSPECT_FORMAT, ImageIdentity, parse, same_image
 from ..errors import CheckFailed
 from ..params import Node, Params
 from ..parsers import listener, parse_sections
@@ -22,17 +23,18 @@ from .containers import deployment_label, owner_label, secrets_file
 @dataclass
 class NodeState:
     """A node's sparkbook containers: name -> (status, fingerprint), the image ID each runs, the
-    configured image's ID there now (None: absent) and its TCP listeners."""
+    configured image there now (None: absent) and its TCP listeners."""
     containers: dict[str, tuple[str, str]] = field(default_factory=dict)
     runs: dict[str, str] = field(default_factory=dict)
-    image: str | None = None
+    image: ImageIdentity | None = None
     listeners: list[str] = field(default_factory=list)
     error: str | None = None
 
     def current(self, name: str, fingerprint: str) -> bool:
         """``name`` runs, started from these parameters, on the image its tag names now (not one
         that 03 has since replaced)."""
-        return self.containers.get(name) == ("running", fingerprint) and self.runs.get(name) == self.image
+        return (self.containers.get(name) == ("running", fingerprint) and self.image is not None
+                and self.runs.get(name) == self.image.id)
 
     def running(self, name: str) -> bool:
         return self.containers.get(name, ("",))[0] == "running"
@@ -43,7 +45,7 @@ def node_states(params: Params, cluster: Cluster) -> dict[str, NodeState]:
     round trip)."""
     out = {}
     for name, r in cluster.run(script("serving_state.sh", deployment_label(params), FINGERPRINT,
-                                      params.runtime.image)).items():
+                                      params.runtime.image, INSPECT_FORMAT)).items():
         out[name] = parse_state(r.stdout) if r.ok else NodeState(error=r.summary())
     return out
 
@@ -57,7 +59,7 @@ def parse_state(text: str) -> NodeState:
         if cols[0]:
             st.containers[cols[0]] = (cols[1], cols[2])
     st.runs = dict(line.lstrip("/").split(" ", 1) for line in sec.get("runs", "").splitlines() if " " in line)
-    st.image = sec.get("image") or None
+    st.image = ImageIdentity.of(parse(sec.get("image", "")))
     st.listeners = sec.get("listeners", "").splitlines()
     return st
 
@@ -95,22 +97,22 @@ def remove(params: Params, *names: str) -> Callable[[Node], Script]:
 
 
 def require_image(params: Params, states: dict[str, NodeState]) -> None:
-    """Every node holds the head's image, the same ID, before anything starts: otherwise Docker
-    would try a registry (on a private cluster: a long wait, then an unrelated-looking error), or
-    nodes would run different vLLM builds. ``states``: :func:`node_states` of every node; only the
-    serving nodes are held to it."""
+    """Every node holds the head's image (the same ID, or the same content under another ID: see
+    :func:`same_image`) before anything starts: otherwise Docker would try a registry (on a private
+    cluster: a long wait, then an unrelated-looking error), or nodes would run different vLLM
+    builds. ``states``: :func:`node_states` of every node; only the serving nodes are held to it."""
     serving = {n.name for n in params.serving_nodes}
-    ids = {n: s.image for n, s in states.items() if n in serving}
-    head = ids.get(params.head.name)
+    images = {n: s.image for n, s in states.items() if n in serving}
+    head = images.get(params.head.name)
     bad = []
-    for node, image_id in ids.items():
-        if image_id is None:
+    for node, image in images.items():
+        if image is None:
             bad.append(f"- {node}: the image is not there")
-        elif head and image_id != head:
-            bad.append(f"- {node}: holds {short_id(image_id)} under the tag, the head {short_id(head)}")
+        elif head and not (same := same_image(image, head))[0]:
+            bad.append(f"- {node}: holds {short_id(image.id)} under the tag, the head {short_id(head.id)}: {same[1]}")
     if bad:
-        inspect = ["docker", "image", "inspect", "--format", "{{.Id}}", params.runtime.image]
-        raise CheckFailed(f"image {params.runtime.image} on every node: {len(bad)} of {len(ids)} node(s) "
+        inspect = ["docker", "image", "inspect", params.runtime.image]
+        raise CheckFailed(f"image {params.runtime.image} on every node: {len(bad)} of {len(images)} node(s) "
                           "differ\n" + "\n".join(bad) + "\n  command: " + command_line(inspect)
                           + "\nremedy: run 03_distribute_image: it copies the head's image to every node"
                           + ("" if head else " (after pulling or building it on the head)"))

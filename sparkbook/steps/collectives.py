@@ -1,5 +1,6 @@
 """02_collectives: the serving image on every node (copied from the head where a worker lacks it,
-and recorded), then the all-reduce sweep inside it (:mod:`sparkbook.collectives`)."""
+and recorded), then the all-reduce sweeps inside it, small messages and bandwidth
+(:mod:`sparkbook.collectives`)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .. import collectives
+from .. import collectives, nccltests
 from ..distribution.image import ImageOutcome, copy_checks, distribute_image, transfers_summary
 from ..params import Params
 from ..step import Outcome
-from ..tables import Table
+from ..tables import Table, human_bytes
 from ..verdict import SKIP, Check
 
 if TYPE_CHECKING:
@@ -35,17 +36,21 @@ class CollectivesOutcome(Outcome):
         return {**data, "image": self.image.to_json() if self.image else None}
 
     def save(self, run_dir: Path) -> Path | None:
-        """``collectives.json``, and the sweep's rows in ``collectives.csv``."""
+        """``collectives.json``, and the sweeps' rows in ``collectives.csv`` (bandwidth) and
+        ``collectives_latency.csv`` (small messages)."""
         if self.sweep:
             collectives.write_csv(self.sweep, run_dir / "collectives.csv")
+            collectives.write_csv(self.sweep, run_dir / "collectives_latency.csv", "latency")
         return super().save(run_dir)
 
     def key_numbers(self) -> list[tuple[str, str]]:
         out = []
-        if self.sweep and self.sweep.result:
-            top = self.sweep.result["rows"][-1]
-            out.append(("all-reduce bus bandwidth", f"{top['busbw_gbs']:.2f} GB/s at "
-                        f"{top['bytes'] / 2**20:g} MiB ({self.sweep.backend})"))
+        result = self.sweep.result if self.sweep else None
+        if result and (best := nccltests.plateau(result["rows"])):
+            out.append(("all-reduce bus bandwidth", f"{best['busbw_gbs']:.2f} GB/s at "
+                        f"{human_bytes(best['bytes'])}, the plateau ({self.sweep.backend})"))
+        if result and (small := nccltests.latency(result.get("latency", []))):
+            out.append(("all-reduce small-message latency", f"{small[0]:.1f} µs ({self.sweep.backend})"))
         if self.image and self.image.transfers:
             out.append(("image copied for the sweep", transfers_summary(self.image)))
         return out
@@ -72,11 +77,23 @@ def table(outcome: CollectivesOutcome) -> Table:
 
 
 def plot(ctx: Context, outcome: CollectivesOutcome):
-    """busbw against message size, with the expectation, kept as ``collectives.png`` in the run
-    folder (nothing when the sweep did not finish)."""
+    """busbw against message size, with the expectation and the plateau, kept as
+    ``collectives.png`` in the run folder (nothing when the sweep did not finish)."""
     if outcome.sweep is None:
         return None
     return collectives.plot(ctx.params, outcome.sweep, ctx.path("collectives.png"))
+
+
+def latency_table(outcome: CollectivesOutcome) -> Table:
+    return collectives.latency_table(outcome.sweep)
+
+
+def latency_plot(ctx: Context, outcome: CollectivesOutcome):
+    """The time of one small all-reduce against its size, with the bar, kept as
+    ``collectives_latency.png`` (nothing when the sweep did not finish)."""
+    if outcome.sweep is None:
+        return None
+    return collectives.latency_plot(ctx.params, outcome.sweep, ctx.path("collectives_latency.png"))
 
 
 def checks(params: Params, outcome: CollectivesOutcome) -> list[Check]:

@@ -1,15 +1,20 @@
 """05_serve: vLLM across the nodes, ready at the OpenAI-compatible endpoint with the expected
 model; otherwise the cause per node, from its logs. The image checks come first, as a gate
-(:func:`sparkbook.serving.image_checks`)."""
+(:func:`sparkbook.serving.image_checks`); then, before anything launches, the memory fit of every
+serving node (:mod:`sparkbook.memfit`, after dropping the page cache where
+``serving.drop_page_cache`` asks): DOES NOT FIT ends the step there, with the numbers."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .. import memfit
 from ..params import Params
 from ..serving import listeners
 from ..serving.commands import api_bind, api_key, beyond_loopback, ray_container, serving_container
-from ..serving.deploy import Deployment, serve
+from ..serving.deploy import Deployment, serve, vllm_running
+from ..serving.inspection import CACHE
+from ..serving.state import node_states
 from ..shell import command_line
 from ..tables import Table
 from ..verdict import FAIL, PASS, WARN, Check
@@ -22,8 +27,16 @@ TITLE = "05 vLLM serving"
 
 
 def run(ctx: Context) -> Deployment:
-    """Start vLLM (or keep it, when it is healthy and unchanged) and wait until it answers."""
-    return serve(ctx.params, ctx.cluster, ctx.run_dir)
+    """Gate on the memory fit (:func:`sparkbook.memfit.gate`, as the image's vLLM, inspected above,
+    checks memory at start), then start vLLM (or keep it, when it is healthy and unchanged) and
+    wait until it answers. Nodes whose state cannot be read are left to :func:`serve`, which names
+    them."""
+    p, cluster = ctx.params, ctx.cluster
+    states = node_states(p, cluster)
+    if not any(s.error for s in states.values()) and (memory := memfit.gate(
+            p, cluster, vllm_running(p, cluster, states), memfit.inspected_vllm(ctx.run_dir / CACHE))):
+        ctx.gate(memory, key="memory")
+    return serve(p, cluster, ctx.run_dir, states=states)
 
 
 def table(outcome: Deployment) -> Table:
