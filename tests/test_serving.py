@@ -342,6 +342,23 @@ def test_a_stall_is_called_when_no_node_moves_naming_the_node_furthest_behind():
     assert stall is not None and stall.phase == "ray" and "04_ray_cluster" in stall.cause
 
 
+def test_among_nodes_in_one_phase_the_stall_names_the_one_whose_vllm_stopped_using_cpu():
+    """Both logs reached 'weights'; a went quiet first but its vLLM still ticks (it waits), b logged
+    later and then used no CPU at all (frozen, as the lab's stall fault does): b is named."""
+    def reading(cpu, *tail):
+        return startup.NodeProgress("running", cpu, list(tail))
+    watch = startup.StallWatch(timeout=60)
+    assert watch.update({"a": reading(1.0, "Loading weights took 1 s"), "b": reading(1.0)}, now=0) is None
+    assert watch.update({"a": reading(1.01, "Loading weights took 1 s"),
+                         "b": reading(1.5, "Loading weights took 2 s")}, now=5) is None
+    for t in range(10, 60, 10):  # a's threads poll (a few ms a reading), b is stopped
+        assert watch.update({"a": reading(1.01 + t / 1000, "Loading weights took 1 s"),
+                             "b": reading(1.5, "Loading weights took 2 s")}, now=t) is None
+    stall = watch.update({"a": reading(1.07, "Loading weights took 1 s"),
+                          "b": reading(1.5, "Loading weights took 2 s")}, now=66)
+    assert stall is not None and stall.node == "b" and watch.phases == {"a": "weights", "b": "weights"}
+
+
 def test_ray_containers_outlive_serving_changes_and_vllm_serve_carries_its_fingerprint(tmp_path, monkeypatch):
     p = load(PAIR)
     changed = p.model_copy(update={"serving": p.serving.model_copy(update={"max_model_len": 4096})})

@@ -152,7 +152,7 @@ def describe_state(line: str) -> str:
 
 @dataclass
 class Stall:
-    node: str        # the node furthest behind (or, among equals, the first to go quiet)
+    node: str        # the node furthest behind (among equals, the one still longest: see StallWatch)
     phase: str       # the phase its log had reached ("" before the first)
     quiet_s: float   # how long no node made progress
     last_line: str
@@ -175,6 +175,7 @@ class StallWatch:
     _tail: dict[str, list[str]] = field(default_factory=dict)
     _moved: dict[str, float] = field(default_factory=dict)
     _seen: dict[str, float] = field(default_factory=dict)
+    _ticked: dict[str, float] = field(default_factory=dict)  # when its vLLM last used any CPU at all
 
     def update(self, readings: dict[str, NodeProgress], now: float | None = None) -> Stall | None:
         now = time.monotonic() if now is None else now
@@ -188,14 +189,19 @@ class StallWatch:
             if busy or working != self._tail.get(node, working):
                 self._moved[node] = now
             if p.cpu_s is not None:
+                if p.cpu_s != self._cpu.get(node):
+                    self._ticked[node] = now
                 self._cpu[node] = p.cpu_s
             self._tail[node], self._seen[node] = working, now
         if not self._moved or now - max(self._moved.values()) < self.timeout:
             return None
         # the node furthest behind (its log reached the earliest phase) is the likely culprit:
-        # the others wait for it; among equals, the one that went quiet first
+        # the others wait for it. Among equals, the one whose vLLM has used no CPU at all for the
+        # longest (a process that waits still ticks: its threads poll; a stopped or wedged one
+        # does not), then the one that went quiet first.
         rank = {n: ORDER.index(ph) if ph else -1 for n, ph in self.phases.items()}
-        behind = min(self._moved, key=lambda n: (rank.get(n, -1), self._moved[n]))
+        behind = min(self._moved, key=lambda n: (rank.get(n, -1), self._ticked.get(n, self._moved[n]),
+                                                 self._moved[n]))
         ahead = max(self.phases.values(), key=lambda ph: ORDER.index(ph) if ph else -1)
         phase = self.phases.get(behind) or ahead
         return Stall(behind, phase, now - max(self._moved.values()), readings[behind].last_line,
