@@ -30,10 +30,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import yaml
 
 from . import __version__, lock
-from .params import FIELDS, Params, ParamsError, default_params_file, project_root, validate
+from .params import FIELDS, Params, default_params_file, project_root, read, validate
 from .redact import mask
 from .remote import Cluster
 from .step import Outcome, Step
@@ -186,12 +185,7 @@ def resolve(namespace: Mapping[str, Any]) -> tuple[Params, str]:
     path = Path(explicit or default_params_file()).expanduser()
     if not path.is_absolute():
         path = (Path.cwd() / path) if (Path.cwd() / path).exists() else project_root() / path
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise ParamsError(str(path), [("(file)", f"cannot read: {e.strerror or e}")]) from None
-    except yaml.YAMLError as e:
-        raise ParamsError(str(path), [("(file)", f"not valid YAML: {e}")]) from None
+    data = read(path)
     source = str(path.resolve())
     if injected and isinstance(data, dict):
         data = {**data, **injected}

@@ -447,20 +447,25 @@ def validate(data: Any, source: str = "parameters") -> Params:
     return params
 
 
-def load(path: str | os.PathLike[str]) -> Params:
-    """Read and validate a parameters file."""
+def read(path: str | os.PathLike[str]) -> Any:
+    """A parameters file's YAML, not yet validated (a key given twice is an error, not the last
+    one silently kept)."""
     path = Path(path)
     try:
         text = path.read_text()
     except OSError as e:
         raise ParamsError(str(path), [("(file)", f"cannot read: {e.strerror or e}")]) from None
     try:
-        data = yaml.load(text, Loader=UniqueKeyLoader)
+        return yaml.load(text, Loader=UniqueKeyLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(file)"
         raise ParamsError(str(path), [(where, f"not valid YAML: {getattr(e, 'problem', e)}")]) from None
-    return validate(data, str(path))
+
+
+def load(path: str | os.PathLike[str]) -> Params:
+    """Read and validate a parameters file."""
+    return validate(read(path), str(path))
 
 
 def project_root() -> Path:

@@ -110,13 +110,10 @@ def mask_tree(folder: str | os.PathLike[str]) -> list[Path]:
     """Mask every text file under ``folder`` in place (symbolic links and binary files, by their
     suffix or a NUL byte, are left alone; a file keeps its inode and mode). Returns the files
     changed."""
-    pattern = _pattern(tuple(secrets()))
     changed: list[Path] = []
-    if pattern is None:
-        return changed
     for path, data in text_files(folder):
         text = data.decode("utf-8", "surrogateescape")
-        masked = pattern.sub(MASK, text)
+        masked = mask(text)
         if masked != text:
             _rewrite(path, masked.encode("utf-8", "surrogateescape"))
             changed.append(path)

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from sparkbook.distribution.hub import (CHECK, HubOutcome, download_command, fetch_model, hub_checks, shown,
-                                        token_path)
+from sparkbook.distribution.hub import CHECK, HubOutcome, download_command, fetch_model, hub_checks, shown
 from sparkbook.distribution.image import ImageOutcome
 from sparkbook.distribution.model import ModelOutcome, manifests
 from sparkbook.lab.hubserver import HubServer
 from sparkbook.params import load, validate
+from sparkbook.serving.commands import secrets_path
 from sparkbook.remote import Cluster
 from sparkbook.scripts.hub_download import STATE, parse_line
 from sparkbook.steps import distribute as step
@@ -235,9 +235,10 @@ def test_fetch_model_on_a_local_node_passes_the_token_in_a_file_only(hub, source
     assert out.error is None, out
     assert (out.commit, out.fetched, out.total, out.files) == (hub.commit, hub.size, hub.size, 5)
     # the token went through the deployment's private working folder, and is gone
-    folder = Path(token_path(params)).parent
+    token_file = secrets_path(params, params.head)  # the one secrets file, which teardown also removes
+    folder = Path(token_file).parent
     assert folder == Path(f"/tmp/sparkbook-{getpass.getuser()}/hubtest") and folder.stat().st_mode & 0o777 == 0o700
-    assert same_files(source, tmp_path / "model") and not Path(token_path(params)).exists()
+    assert same_files(source, tmp_path / "model") and not Path(token_file).exists()
     assert TOKEN not in json.dumps(out.to_json()) and "--env-file" in out.command
     assert [c.status for c in hub_checks(params, out)] == [PASS]
     again = fetch_model(params, Cluster.from_params(params), say=lambda *_: None, show=False)

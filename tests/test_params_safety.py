@@ -104,6 +104,17 @@ def test_a_key_given_twice_is_an_error_naming_it_and_both_lines(tmp_path):
     assert "'path' is given twice" in msg and f"lines {first} and {second}" in msg
 
 
+def test_a_notebook_opened_by_hand_reads_its_file_as_load_does(tmp_path):
+    """The notebooks' own reading (JupyterLab, papermill without sparkbook run) refuses a key given
+    twice as load() does, instead of keeping the last one."""
+    from sparkbook.notebook import resolve
+    text = (ROOT / "parameters" / "lab.yaml").read_text()
+    bad = tmp_path / "dup.yaml"
+    bad.write_text(text + "name: other\n")
+    with pytest.raises(ParamsError, match="'name' is given twice"):
+        resolve({"params_file": str(bad)})
+
+
 def test_yaml_merge_keys_are_not_duplicates():
     text = "a: &d {x: 1, y: 2}\nb:\n  <<: *d\n  x: 3\n"
     assert yaml.load(text, Loader=UniqueKeyLoader) == {"a": {"x": 1, "y": 2}, "b": {"x": 3, "y": 2}}

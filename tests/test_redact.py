@@ -134,3 +134,12 @@ def test_a_secret_named_assignment_is_masked_even_when_its_value_is_unknown_here
     text = "RAY_AUTH_TOKEN=4f1c9e0b7a2d6c3e8f5a1b0c and HF_TOKEN=hf_abcdefgh12 but MAX_TOKENS=32 PATH=/usr/bin"
     assert redact.mask(text) == (f"RAY_AUTH_TOKEN={redact.MASK} and HF_TOKEN={redact.MASK} "
                                  "but MAX_TOKENS=32 PATH=/usr/bin")
+
+
+def test_the_run_folder_pass_masks_a_secret_named_assignment_with_no_secret_known(tmp_path, monkeypatch):
+    """mask_tree, the last pass over a run folder, applies mask's rules, not only the known values:
+    the runner never knows Ray's token, which 04's kernel makes."""
+    monkeypatch.setattr(os, "environ", {"PATH": "/usr/bin"})
+    (tmp_path / "ray.log").write_text("RAY_AUTH_TOKEN=4f1c9e0b7a2d6c3e8f5a1b0c\n")
+    assert mask_tree(tmp_path) == [tmp_path / "ray.log"]
+    assert (tmp_path / "ray.log").read_text() == f"RAY_AUTH_TOKEN={redact.MASK}\n"

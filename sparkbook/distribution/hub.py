@@ -24,14 +24,13 @@ from ..progress import Progress, bar
 from ..redact import mask
 from ..remote import Cluster
 from ..scripts.hub_download import parse_line
-from ..serving.commands import token
+from ..serving.commands import secrets_path, token
 from ..serving.containers import deployment_label, hf_env, named, owner_label, secrets_file, with_entrypoint
 from ..serving.state import remove
 from ..shell import SCRIPTS, command_line, sh
 from ..tables import human_bytes
 from ..verdict import FAIL, PASS, SKIP, Check
 from ..workdir import prepare as prepare_workdir
-from ..workdir import workdir
 from .lines import Lines
 
 SCRIPT = SCRIPTS / "hub_download.py"
@@ -39,11 +38,6 @@ SHOWN_SCRIPT = '"$(cat sparkbook/scripts/hub_download.py)"'
 CHECK = "model from the hub"
 
 Say = Callable[[str], object]
-
-
-def token_path(params: Params) -> str:
-    """The token's file on the head (mode 600, removed once the download ends)."""
-    return f"{workdir(params, params.head)}/hub.env"
 
 
 def container(params: Params) -> str:
@@ -134,7 +128,7 @@ def fetch_model(params: Params, cluster: Cluster, say: Say = print, show: bool =
         out.command = f"mkdir -p -- {shlex.quote(m.path)}"
         return out
     secret = token(params)
-    env_file = token_path(params) if secret else None
+    env_file = secrets_path(params, head) if secret else None
     program = SCRIPT.read_text()
     cmd = download_command(params, user, env_file, program)
     out.command = shown(cmd, program)
@@ -143,7 +137,7 @@ def fetch_model(params: Params, cluster: Cluster, say: Say = print, show: bool =
     try:
         if secret:
             prepare_workdir(params, cluster, [head])
-        with (secrets_file(cluster, [head], token_path(params), hf_env(secret)),
+        with (secrets_file(cluster, [head], secrets_path(params, head), hf_env(secret)),
               Progress(f"{m.name} from {out.endpoint or 'the hub'}") as progress):
             def each(line: str) -> None:
                 got = parse_line(line)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Start a container in place of this deployment's container of the same name: remove container
 # NAME when it carries both labels DEPLOYMENT (sparkbook=<deployment>) and OWNER
-# (sparkbook.owner=<login>; absent is fine), then run the command given, the
+# (sparkbook.owner=<login>; a container without it is refused), then run the command given, the
 # `docker run ... --name NAME ...` that starts the new one; its output and exit status are this
 # script's. A container NAME of another deployment, another user, or not sparkbook's is left
 # alone: "REPLACE-REFUSED ...", exit 3 (sparkbook never removes what it did not start).

@@ -18,7 +18,7 @@ import socket
 
 from .. import workdir
 from ..params import Node, Params, secrets_written
-from ..redact import mask, protect
+from ..redact import mask
 from ..remote import ssh_target
 from ..shell import command_line
 from ..tables import Table
@@ -86,10 +86,7 @@ def api_key(params: Params) -> str | None:
     """The API key from this machine's environment (``serving.api_key_env``; masked wherever
     sparkbook writes text, never printed)."""
     name = params.serving.api_key_env
-    if not name:
-        return None
-    protect(name)
-    return os.environ.get(name) or None
+    return (os.environ.get(name) or None) if name else None
 
 
 def wildcard(address: str) -> bool:
