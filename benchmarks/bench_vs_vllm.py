@@ -9,23 +9,27 @@ Client CPU is compared over the measured run only: vllm bench serve's process CP
 "Starting main benchmark run" and its result (read from /proc in the container; its start-up,
 imports and local tokenization left out), against the CPU of sparkbook's client loop during the
 level (its prompt sizing left out the same way), each divided by the output tokens. Both clients
-run on the head node and reach vLLM on the address it is bound to (serving.bind): vllm bench serve
-in the lab image (`--network host`), sparkbook in the head's network namespace. On this machine
-the clients share two cores with the server, whose speed drifts between runs: each level runs as
-several pairs, the two clients back to back in alternating order, and the median of the pairs'
-ratios is compared with the goals.
+run alike: in a container of the serving image on the head (`--network host`, the image's Python
+and aiohttp, the head's Docker cgroup), reaching vLLM on the address it is bound to
+(serving.bind); sparkbook's code is mounted read-only, with this interpreter's site-packages
+after the image's for what the image lacks. On this machine the clients share two cores with the
+server, whose speed drifts between runs: each level runs as several pairs, the two clients back
+to back in alternating order, and the median of the pairs' ratios is compared with the goals.
+Besides the ratios, each pair keeps what explains them (vllm bench serve with --save-detailed):
+per-request E2E and ITL medians, the run's duration against its span (first send to last end),
+the idle time between one request's end and the next one's send at concurrency 1, and the
+output tokens each side counted.
 
 Needs root and `sparkbook lab up`; brings vLLM up with 05's serve (kept if already serving). Leaves
 the lab as it found it, also when interrupted (Ctrl-C, SIGTERM): what it started (vLLM, Ray, the
 reference client's container) is removed as 08 removes it; a deployment that was already serving
 stays.
 
-    .venv/bin/python benchmarks/bench_vs_vllm.py [--input-len 128] [--output-len 128] [--python PY]
+    .venv/bin/python benchmarks/bench_vs_vllm.py [--input-len 128] [--output-len 128] [--repeat 5]
 
-The interpreter matters for the CPU figures: the same bare aiohttp streaming loop took 0.19 ms of
-CPU per token in the lab image's Debian Python and 0.25-0.31 ms in this machine's pyenv-built
-Python; `--python` runs sparkbook's client on another interpreter (with sparkbook's dependencies
-installed) for a like-for-like comparison.
+Where the client runs matters: on the host, sparkbook's client ran on this machine's pyenv-built
+Python (0.27-0.32 ms of CPU per token at concurrency 1 against 0.21-0.24 in the image's Debian
+Python) and outside the head's cgroup, where its CPU did not come out of the head's share.
 """
 
 from __future__ import annotations
@@ -33,10 +37,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import statistics
-import subprocess
-import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -56,6 +58,11 @@ from sparkbook.workdir import prepare, workdir
 
 LEVELS = ((1, 16), (8, 64), (32, 128))  # (max concurrency, requests)
 RATIOS = ("output_tok_s", "mean_ttft_ms", "cpu_ms_per_token")
+# What explains the ratios, per side: medians of E2E and ITL, idle between requests (concurrency 1)
+DETAILS = ("e2e_p50_ms", "itl_p50_ms", "idle_p50_ms", "span_s", "duration_s", "output_tokens")
+# sparkbook's client in the image's Python: the repository first, this interpreter's packages last
+BOOT = ("import runpy, sys; f, site, job = sys.argv[1:]; sys.path[:1] = [f.rsplit('/', 2)[0]]; "
+        "sys.path.append(site); sys.argv = [f, '--client', job]; runpy.run_path(f, run_name='__main__')")
 # Runs vllm bench serve and prints the CPU seconds of its main run (utime + stime from /proc).
 CPU = """
 import os, subprocess, sys
@@ -81,6 +88,10 @@ def reference_container(params) -> str:
     return f"sparkbook-{params.name}-bench"
 
 
+def client_container(params) -> str:
+    return f"sparkbook-{params.name}-bench-client"
+
+
 def api_on_head(params) -> str:
     """vLLM's API as the clients on the head reach it: where it is bound (serving.bind)."""
     return f"http://{api_bind(params)}:{params.ports.api}"
@@ -95,8 +106,8 @@ def vllm_bench(params, cluster, concurrency, n, input_len, output_len):
            "--model", params.model.path, "--tokenizer", params.model.path, "--dataset-name", "random",
            "--random-input-len", str(input_len), "--random-output-len", str(output_len), "--ignore-eos",
            "--num-prompts", str(n), "--max-concurrency", str(concurrency), "--request-rate", "inf",
-           "--seed", "0", "--temperature", "0", "--disable-tqdm", "--save-result", "--result-dir", results,
-           "--result-filename", name]
+           "--seed", "0", "--temperature", "0", "--disable-tqdm", "--save-result", "--save-detailed",
+           "--result-dir", results, "--result-filename", name]
     run = docker_run(params, params.head, reference_container(params), cmd, detach=False, remove=True,
                      mounts=[f"{params.model.path}:{params.model.path}:ro", f"{results}:{results}"])
     r = cluster.run_on(params.head, command_line(["mkdir", "-p", results]) + " && " + command_line(run)
@@ -107,18 +118,20 @@ def vllm_bench(params, cluster, concurrency, n, input_len, output_len):
     return json.loads(r.stdout.strip().splitlines()[-1]), cpu
 
 
-def ours(lab, params, concurrency, n, input_len, output_len, python=sys.executable) -> dict:
-    """One sparkbook run_load in the head node's network namespace (this script again, as a
-    client): the level as JSON; its client_cpu_s is its loop's CPU during the level."""
-    pid = lab.init_pid(lab.nodes()[0])
+def ours(params, cluster, concurrency, n, input_len, output_len) -> dict:
+    """One sparkbook run_load as vllm bench serve runs (this script again, as a client, in a
+    container of the serving image on the head): the level as JSON; its client_cpu_s is its
+    loop's CPU during the level."""
+    here, site = str(Path(__file__).resolve()), sysconfig.get_paths()["purelib"]
+    root = str(Path(here).parents[1])
     job = json.dumps({"url": api_on_head(params), "model": params.model.path,
                       "concurrency": concurrency, "n": n, "input_len": input_len, "output_len": output_len})
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    r = subprocess.run(["nsenter", "-t", str(pid), "-n", "--", python, __file__, "--client", job],
-                       capture_output=True, text=True, timeout=900, env=env)
+    run = docker_run(params, params.head, client_container(params), ["python3", "-c", BOOT, here, site, job],
+                     detach=False, remove=True, mounts=[f"{root}:{root}:ro", f"{site}:{site}:ro"])
+    r = cluster.run_on(params.head, run, timeout=900)
     found = [ln for ln in r.stdout.splitlines() if ln.startswith("LEVEL ")]
-    if r.returncode or not found:
-        raise SystemExit(f"sparkbook client failed: {r.stderr[-2000:]}")
+    if not r.ok or not found:
+        raise SystemExit(f"sparkbook client failed: {r.summary(20)}")
     return json.loads(found[-1][6:])
 
 
@@ -127,17 +140,28 @@ def client(job: str) -> None:
     lv = bench_load.run_load(j["url"], j["model"], prompt_tokens=j["input_len"], output_tokens=j["output_len"],
                         concurrency=j["concurrency"], num_requests=j["n"], seed=0, endpoint="completions",
                         warmup=1, prompt_salt="", progress=False, say=lambda *_: None)
-    print("LEVEL " + json.dumps({k: v for k, v in dataclasses.asdict(lv).items() if k != "requests"}))
+    print("LEVEL " + json.dumps(dataclasses.asdict(lv)))
+
+
+def details(c: int, starts: list[float], e2e_s: list[float], itl_s: list[float], duration: float,
+            tokens: int) -> dict:
+    """What explains a side's throughput: E2E and ITL medians (ms), the idle time between one
+    request's end and the next send (ms; concurrency 1 only), the span from the first send to the
+    last end against the duration the side divides by (s), and the output tokens it counted."""
+    order = sorted(range(len(starts)), key=starts.__getitem__)
+    idle = [(starts[b] - starts[a] - e2e_s[a]) * 1e3 for a, b in zip(order, order[1:])] if c == 1 else []
+    return {"e2e_p50_ms": statistics.median(e2e_s) * 1e3, "itl_p50_ms": statistics.median(itl_s) * 1e3,
+            "idle_p50_ms": statistics.median(idle) if idle else None,
+            "span_s": max(s + e for s, e in zip(starts, e2e_s)) - min(starts), "duration_s": duration,
+            "output_tokens": tokens}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
-    ap.add_argument("--python", default=sys.executable,
-                    help="interpreter for sparkbook's client (a Debian /usr/bin/python3 venv matches "
-                         "the lab image's, which vllm bench serve runs on)")
     ap.add_argument("--repeat", type=int, default=5, help="back-to-back pairs per level (default: 5)")
+    ap.add_argument("--levels", default="1,8,32", help="concurrencies to measure (default: 1,8,32)")
     ap.add_argument("--client", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.client:
@@ -161,10 +185,11 @@ def main() -> None:
 
 
 def leave_as_found(params, cluster, run_dir: Path, kept: bool) -> None:
-    """The reference client's container off the head (an interruption leaves it running); and,
+    """The clients' containers off the head (an interruption leaves them running); and,
     unless vLLM was already serving before the benchmark and still is the same, everything the
     benchmark started, as 08 removes it (logs kept in the run folder first)."""
-    cluster.run_on(params.head, ["docker", "rm", "-f", reference_container(params)], timeout=60)
+    cluster.run_on(params.head, ["docker", "rm", "-f", reference_container(params), client_container(params)],
+                   timeout=60)
     if kept:
         print("vLLM was serving before the benchmark: left serving")
         return
@@ -177,17 +202,18 @@ def leave_as_found(params, cluster, run_dir: Path, kept: bool) -> None:
 
 def measure(args, lab, params, cluster, run_dir: Path) -> None:
     """The levels, each as --repeat back-to-back pairs; the table, saved in the run folder."""
-    print(f"sparkbook's client runs on {args.python}")
+    print("both clients run in a container of the serving image on the head")
     rows = []
-    for concurrency, n in LEVELS:
+    wanted = {int(c) for c in args.levels.split(",")}
+    for concurrency, n in [lv for lv in LEVELS if lv[0] in wanted]:
         runs = []
         for i in range(args.repeat):
             # a pair, back to back, in alternating order: slow drift of the server cancels out
             if i % 2 == 0:
-                lv = ours(lab, params, concurrency, n, args.input_len, args.output_len, args.python)
+                lv = ours(params, cluster, concurrency, n, args.input_len, args.output_len)
             ref, ref_cpu = vllm_bench(params, cluster, concurrency, n, args.input_len, args.output_len)
             if i % 2 == 1:
-                lv = ours(lab, params, concurrency, n, args.input_len, args.output_len, args.python)
+                lv = ours(params, cluster, concurrency, n, args.input_len, args.output_len)
             pair = {"ours_output_tok_s": lv["output_tok_s"], "vllm_output_tok_s": ref["output_throughput"],
                     "ours_mean_ttft_ms": lv["ttft_ms"]["mean"], "vllm_mean_ttft_ms": ref["mean_ttft_ms"],
                     "ours_cpu_ms_per_token": lv["client_cpu_s"] * 1e3
@@ -196,14 +222,24 @@ def measure(args, lab, params, cluster, run_dir: Path) -> None:
                                                              or ref["output_throughput"] * ref["duration"], 1),
                     "ours_failures": lv["failures"], "ours_errors": lv["errors"],
                     "vllm_failed": ref.get("failed", 0)}
+            ok = [q for q in lv.pop("requests") if q["ok"]]
+            pair.update({f"ours_{k}": v for k, v in details(
+                concurrency, [q["sent_s"] for q in ok], [q["e2e_ms"] / 1e3 for q in ok],
+                [x / 1e3 for q in ok for x in q["itl_ms"]], lv["duration_s"],
+                sum(q["output_tokens"] for q in ok)).items()})
+            done = [i for i, e in enumerate(ref["errors"]) if not e]
+            pair.update({f"vllm_{k}": v for k, v in details(
+                concurrency, [ref["start_times"][i] for i in done], [ref["latencies"][i] for i in done],
+                [x for i in done for x in ref["itls"][i]], ref["duration"], ref["total_output_tokens"]).items()})
             for k in RATIOS:
                 pair[f"{k}_ratio"] = pair[f"ours_{k}"] / pair[f"vllm_{k}"]
             runs.append(pair)
             print(json.dumps(pair), flush=True)
         row = {"concurrency": concurrency, "requests": n, "runs": runs}
         for k in runs[0]:
-            if k.endswith(("tok_s", "ttft_ms", "per_token", "_ratio")):
-                row[k] = statistics.median(r[k] for r in runs)
+            if k.endswith(("tok_s", "ttft_ms", "per_token", "_ratio", *DETAILS)):
+                got = [r[k] for r in runs if r[k] is not None]
+                row[k] = statistics.median(got) if got else None
         rows.append(row)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "bench_vs_vllm.json").write_text(json.dumps(rows, indent=2) + "\n")
@@ -219,6 +255,15 @@ def measure(args, lab, params, cluster, run_dir: Path) -> None:
                      f" {r[f'{k}_ratio']:>6.3f} [{min(ratios):.2f}-{max(ratios):.2f}]")
         print(line)
     print("goals: throughput ratio within 0.97-1.03, TTFT ratio within 0.90-1.10, CPU ratio <= 1.00")
+    print("\nwhat explains them (medians of the pairs): per-request E2E and ITL p50 (ms), idle between "
+          "requests p50 (ms, c=1), span first send-last end / duration divided by (s), output tokens")
+    f = lambda v, fmt: "-" if v is None else format(v, fmt)
+    for r in rows:
+        print(f"{r['concurrency']:>3}  " + "   ".join(
+            f"{side}: E2E {f(r[f'{side}_e2e_p50_ms'], '.0f')} ITL {f(r[f'{side}_itl_p50_ms'], '.2f')} "
+            f"idle {f(r[f'{side}_idle_p50_ms'], '.2f')} span/dur {f(r[f'{side}_span_s'], '.2f')}/"
+            f"{f(r[f'{side}_duration_s'], '.2f')} tokens {f(r[f'{side}_output_tokens'], '.0f')}"
+            for side in ("ours", "vllm")))
     print(f"saved: {run_dir / 'bench_vs_vllm.json'}")
 
 

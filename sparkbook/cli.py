@@ -54,6 +54,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from .compare import build
+    print(build(args.run_dirs, args.out))
+    return 0
+
+
 def cmd_collect(args: argparse.Namespace) -> int:
     from .bugreport import collect, target
     from .notebook import open_cluster
@@ -201,6 +207,16 @@ def parser() -> argparse.ArgumentParser:
                        "executed notebooks.")
     p.add_argument("run_dir", type=Path, metavar="DIR")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("compare", help="compare run folders side by side in compare.html",
+                       description="Write compare.html: the runs' key numbers side by side, their "
+                       "benchmark, all-reduce and start-up plots overlaid, whether their fingerprints "
+                       "make them comparable (and why not), and the history of every run folder of "
+                       "the same deployment beside them (busbw and start-up time over time). A piece "
+                       "a run lacks shows as absent. Prints the page's path.")
+    p.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN", help="run folders, two or more")
+    p.add_argument("--out", type=Path, metavar="DIR", help="folder of compare.html (default: the first run's)")
+    p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("collect", help="write one archive for a bug report into a run folder",
                        description="Ask every node at once for what a bug report needs (versions "

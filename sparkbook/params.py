@@ -25,7 +25,7 @@ from . import redact
 from .errors import SparkbookError
 from .fields import (DAY, AbsolutePath, Address, DockerArgs, Image, Login, MountPath, NotOption,
                      UniqueKeyLoader, Word, field_message, field_path)
-from .settings import Benchmark, Collectives, Distribution, Expectations, Section
+from .settings import Benchmark, Collectives, Distribution, Expectations, Section, Smoke
 
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -239,6 +239,7 @@ class Params(Section):
     collectives: Collectives = Field(default_factory=Collectives)
     distribution: Distribution = Field(default_factory=Distribution)
     benchmark: Benchmark = Field(default_factory=Benchmark)
+    smoke: Smoke = Field(default_factory=Smoke)
 
     @property
     def head(self) -> Node:

@@ -11,6 +11,7 @@ import nbformat
 from nbconvert import HTMLExporter
 from nbconvert.preprocessors import TagRemovePreprocessor
 
+from . import fingerprint
 from .errors import SparkbookError
 from .redact import mask
 from .verdict import Verdict, cell_html, is_node, nodes_label
@@ -41,7 +42,8 @@ def _index(summary: dict) -> str:
             f"<th>duration</th><th>error</th></tr></thead><tbody>{''.join(rows)}</tbody></table>\n")
 
 
-def _load(path: Path) -> dict | None:
+def load_json(path: Path) -> dict | None:
+    """A JSON file's content; None when it is missing or unreadable."""
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
@@ -50,7 +52,7 @@ def _load(path: Path) -> dict | None:
 
 def _verdicts(run_dir: Path) -> list[tuple[str, dict]]:
     """(step, verdict) of every step that concluded, in step order."""
-    return [(p.stem, v) for p in sorted((run_dir / "verdicts").glob("*.json")) if (v := _load(p))]
+    return [(p.stem, v) for p in sorted((run_dir / "verdicts").glob("*.json")) if (v := load_json(p))]
 
 
 def key_numbers(run_dir: Path) -> list[tuple[str, str]]:
@@ -101,6 +103,9 @@ def build(run_dir: str | Path) -> Path:
         raise SparkbookError(f"{run_dir}: not a run folder (summary.json: {e})") from None
     merged = nbformat.v4.new_notebook()
     merged.cells.append(_md(_index(summary)))
+    found = fingerprint.load(run_dir)
+    if found:
+        merged.cells.append(_md("### What ran\n\n" + found.html()))
     nodes = by_node(run_dir, summary)
     if nodes:
         merged.cells.append(_md("### By node\n\n" + nodes))

@@ -17,10 +17,10 @@ from typing import Sequence
 
 import papermill
 
-from . import lock, redact
+from . import fingerprint, lock, redact
 from .errors import SparkbookError
 from .interrupt import Interrupts
-from .notebook import open_cluster
+from .notebook import Context, open_cluster
 from .params import Params, load, project_root
 from .redact import mask
 
@@ -28,6 +28,9 @@ STEP_RE = re.compile(r"^(\d\d)_[A-Za-z0-9_]+\.ipynb$")
 # steps that run even after an earlier step failed: what a failed run started must not stay running
 CLEANUP_STEPS = ("teardown",)
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# the run fingerprint after the steps, where none took it: nodes that do not answer (a run that
+# failed at 00) keep the run no longer than this (and their SSH connect timeout)
+FINGERPRINT_TIMEOUT_S = 60
 
 
 @dataclass
@@ -122,7 +125,8 @@ def run(params_file: str | Path, steps: str | None = None, out: str | Path | Non
     are skipped, except a selected teardown step, which still runs (unless ``keep_on_failure``:
     leave the deployment up to look at it). SIGINT and SIGTERM stop the running step and end the
     run the same way (see :mod:`sparkbook.interrupt`). When a selected step changes the nodes, the
-    run holds the deployment's lock on the head throughout (:mod:`sparkbook.lock`). Returns the
+    run holds the deployment's lock on the head throughout (:mod:`sparkbook.lock`). Where no step
+    took the run fingerprint, the run takes it after its steps (best effort). Returns the
     summary (also written to ``summary.json``); its ``status`` is ``passed`` only when every step
     passed, ``interrupted`` after a signal (its ``signal`` names it)."""
     params_path = Path(params_file).expanduser().resolve()
@@ -149,11 +153,22 @@ def run(params_file: str | Path, steps: str | None = None, out: str | Path | Non
             if held is not None:
                 os.environ.pop(lock.ENV, None)
                 held.release()
+    if summary["status"] != "interrupted" and not (run_dir / fingerprint.FILE).exists():
+        _fingerprint(params, params_path, run_dir)
     if report:
         from .report import build
         build(run_dir)
     redact.mask_tree(run_dir)
     return summary
+
+
+def _fingerprint(params: Params, params_path: Path, run_dir: Path) -> None:
+    """The run fingerprint (:mod:`sparkbook.fingerprint`) where no step took it (06 and 07 do):
+    best effort, what keeps it from being taken is said and fails nothing."""
+    try:
+        fingerprint.ensure(Context(params, str(params_path), run_dir), timeout=FINGERPRINT_TIMEOUT_S)
+    except (Exception, KeyboardInterrupt) as e:
+        print(f"sparkbook: no run fingerprint: {mask(_error_text(e))}", file=sys.stderr, flush=True)
 
 
 def _lock(params: Params, run_dir: Path, chosen: list[Path]) -> lock.Lock | None:

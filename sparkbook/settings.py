@@ -1,14 +1,15 @@
 """The sections of a parameters file that set what the hardware is expected to deliver and how the
-steps measure and copy (expectations, collectives, distribution, benchmark); the deployment itself
-(nodes, runtime, model, serving, ports) is in :mod:`sparkbook.params`."""
+steps measure and copy (expectations, collectives, distribution, benchmark, smoke); the deployment
+itself (nodes, runtime, model, serving, ports) is in :mod:`sparkbook.params`."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .bench import profiles
 from .fields import DAY
 
 
@@ -30,6 +31,9 @@ class Expectations(Section):
                                  "specifiers (e.g. '>=28.45'); None: any, as long as every node has the same")
     allreduce_latency_us: float | None = Field(None, gt=0, description="the small-message all-reduce "
                                                "time bar, microseconds; None: reported, not judged")
+    memory_bandwidth_gbs: float | None = Field(None, gt=0, description="each node's memory bandwidth, "
+                                               "GB/s (GB10: 273): the ceiling of single-user decode "
+                                               "speed (07's plausibility rows); None: not judged")
 
     @field_validator("driver", "firmware")
     @classmethod
@@ -115,12 +119,45 @@ class Benchmark(Section):
     request_rates: list[float] = Field(default_factory=list)
     seed: int = 0
     references: list[Reference] = Field(default_factory=list)
+    profile: str | None = Field(None, description="a standard grid by name (sparkbook.bench.profiles: "
+                                "'spark-arena'): it sets context_depths × concurrency and the prompt and "
+                                "output lengths; None: the fields as given")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _profile(cls, data: Any) -> Any:
+        return profiles.apply(data) if isinstance(data, dict) else data
 
     @field_validator("concurrency", "context_depths")
     @classmethod
     def _non_negative(cls, v: list[int]) -> list[int]:
         if any(x < 0 for x in v):
             raise ValueError("values must not be negative")
+        return v
+
+
+class Smoke(Section):
+    """06's burn-in (:mod:`sparkbook.burnin`: sequential requests of mixed lengths, then a soak at
+    a set concurrency) and its known answers (:mod:`sparkbook.known_answers`)."""
+
+    requests: int = Field(20, ge=1, description="burn-in: sequential requests, lengths drawn from the ranges")
+    prompt_tokens: tuple[int, int] = Field((16, 2048), description="burn-in: [smallest, largest] prompt")
+    output_tokens: tuple[int, int] = Field((16, 256), description="burn-in: [smallest, largest] output")
+    soak_s: float = Field(60, ge=0, le=DAY, description="the soak's length in seconds; 0: no soak")
+    soak_concurrency: int = Field(4, ge=1, description="requests in flight during the soak")
+    soak_prompt_tokens: int = Field(512, ge=1)
+    soak_output_tokens: int = Field(128, ge=1)
+    drift_limit: float = Field(1.5, gt=1, description="the soak's p99 end-to-end latency of its last "
+                               "third of requests may be at most this many times its first third's")
+    seed: int = 0
+    known_answer_tokens: int = Field(32, ge=1, description="output tokens of each known answer (greedy)")
+    timeout_s: float = Field(120, gt=0, le=DAY, description="limit for one request")
+
+    @field_validator("prompt_tokens", "output_tokens")
+    @classmethod
+    def _range(cls, v: tuple[int, int]) -> tuple[int, int]:
+        if not 1 <= v[0] <= v[1]:
+            raise ValueError("a range is [smallest, largest], both at least 1")
         return v
 
 

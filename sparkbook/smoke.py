@@ -20,7 +20,7 @@ import json
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import httpx
 import openai
@@ -29,6 +29,10 @@ from . import endpoint
 from .smoke_prompts import HELLO, NO_THINKING, REASONING, THINKING, TOOL, TOOL_NAME, TOOL_PROMPT
 from .step import Outcome
 from .verdict import FAIL, PASS, SKIP, WARN, Check
+
+if TYPE_CHECKING:
+    from .burnin import BurnIn
+    from .known_answers import KnownAnswers
 
 UNKNOWN_MODEL = "sparkbook-no-such-model"
 STOP = "e"  # a letter almost any text holds, so that the stop is really exercised
@@ -60,11 +64,14 @@ def schema_errors(value: Any, schema: dict) -> list[str]:
 @dataclass
 class SmokeTest(Outcome):
     """What the smoke test sent and what it made of each answer: one check per request (kept in the
-    verdict; no file of its own)."""
+    verdict; no file of its own); then, when 06 ran them, its burn-in and known answers (each kept
+    in a file of its own, ``smoke/``), whose checks join the verdict."""
 
     api: str
     model: str
     checks: list[Check] = field(default_factory=list)
+    burn_in: BurnIn | None = None
+    known_answers: KnownAnswers | None = None
 
 
 def _short(text: str | None, n: int = 40) -> str:

@@ -2,7 +2,8 @@
 tests: /v1/models, /v1/chat/completions, /v1/completions (streamed as SSE, with the usage chunk
 of stream_options.include_usage) and vLLM's /tokenize.
 
-The "model" writes a fixed cycle of short words, one token each; prompts are counted by a toy
+The "model" writes a fixed cycle of short words, one token each (its ID: the word's index in WORDS,
+streamed as vLLM's ``token_ids`` when the request has ``return_token_ids``); prompts are counted by a toy
 tokenizer: a word is one token per started four characters, and the chat template adds
 CHAT_OVERHEAD tokens. Attributes of the instance change its behaviour between requests.
 
@@ -56,6 +57,7 @@ class FakeOpenAI:
         self.tokenize = True  # False: no /tokenize (404)
         self.max_model_len = 4096
         self.fail_every = 0  # every k-th generation request answers HTTP 500
+        self.fail_requests: set[int] = set()  # these generation requests (from 1, as they arrive) too
         self.hang_unknown_model = 0.0  # seconds to sit on a request for an unknown model
         self.extra_tokens = 0  # generated past every limit
         self.honour_stop = True
@@ -66,6 +68,7 @@ class FakeOpenAI:
         # else 401 (its AuthenticationMiddleware guards the /v1 paths only: /health stays open)
         self.api_key: str | None = None
         self.refused = 0  # requests answered 401
+        self.metrics: Callable[[], str] | None = None  # the text of /metrics (vLLM's Prometheus page); None: 404
         for k, v in knobs.items():
             if not hasattr(self, k):
                 raise TypeError(f"no knob {k!r}")
@@ -225,6 +228,14 @@ def _handler(fake: FakeOpenAI):
                 return
             if self.path == "/health":
                 return self.send_json(200, {})
+            if self.path == "/metrics" and fake.metrics is not None:
+                raw = fake.metrics().encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+                return
             if self.path != "/v1/models":
                 return self.error(404, "not found")
             self.send_json(200, {"object": "list", "data": [
@@ -246,7 +257,7 @@ def _handler(fake: FakeOpenAI):
             with fake._lock:
                 n = next(fake._count)
                 fake.requests.append(body)
-            if fake.fail_every and n % fake.fail_every == 0:
+            if (fake.fail_every and n % fake.fail_every == 0) or n in fake.fail_requests:
                 return self.error(500, "injected failure")
             choice = body.get("tool_choice", "auto")
             if body.get("tools") and choice != "none" and not fake.tool_parser:  # vLLM 0.32's refusals
@@ -292,6 +303,8 @@ def _handler(fake: FakeOpenAI):
                 for f, t in parts[i:i + step]:
                     delta[field[f]] = delta.get(field[f], "") + t
                 part = {"delta": delta} if chat else {"text": "".join(delta.values())}
+                if body.get("return_token_ids"):  # vLLM 0.10.2 on: the IDs of the chunk's tokens
+                    part["token_ids"] = [(n + j) % len(WORDS) for j in range(i, min(i + step, len(parts)))]
                 self.event({**base, "choices": [{"index": 0, **part, "finish_reason": None}]})
             if r["tool_calls"]:
                 calls = [{"index": i, **c} for i, c in enumerate(r["tool_calls"])]

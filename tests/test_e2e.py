@@ -7,12 +7,12 @@ Chromium (Debian's chromium package, driven by Playwright) with every plot loade
 error."""
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 import yaml
 
+from browser import images_loaded, opened
 from sparkbook.redact import _forms
 from sparkbook.runner import run
 
@@ -57,6 +57,13 @@ def test_the_reference_path_ran_ray_workers_and_parsers_proven(full_run):
     smoke = {c["check"]: c["status"] for c in json.loads((out / "verdicts" / "06_smoke_test.json").read_text())["checks"]}
     for check in ("tool call (auto)", "tool call (required)", "reasoning", "API key required"):
         assert smoke[check] == "PASS", smoke
+    # issue 19: the burn-in (sequential, then the soak) and the known answers, in 06's verdict
+    burn = json.loads((out / "smoke" / "burn_in.json").read_text())
+    assert len(burn["sequential"]) == 20 and len(burn["soak"]) >= 9, burn["soak_skipped"]
+    assert not any(r["problem"] for r in burn["sequential"] + burn["soak"])
+    assert all(smoke[c] == "PASS" for c in ("burn-in sequential", "soak", "soak drift", "known answers")), smoke
+    known = json.loads((out / "smoke" / "known_answers.json").read_text())
+    assert len(known["answers"]) == 4 and all(a["output_tokens"] == 32 for a in known["answers"])
 
 
 def test_results_data_and_plots_are_in_the_run_folder(full_run):
@@ -71,6 +78,26 @@ def test_results_data_and_plots_are_in_the_run_folder(full_run):
     assert set(statuses.values()) <= {"PASS", "WARN"}, statuses
 
 
+def test_the_run_fingerprint_names_the_lab_image_vllm_and_both_nodes_driver(full_run):
+    """Issue 19: 06 wrote fingerprint.json (07 kept it): the lab image's ID as 05 inspected it, the lab's
+    vLLM for CPU, both nodes' simulated driver and CX-7 firmware, everything read; report.html shows it."""
+    out, _ = full_run
+    fp = json.loads((out / "fingerprint.json").read_text())
+    inspected = json.loads((out / "image_inspection.json").read_text())
+    assert fp["unread"] == {}, fp["unread"]
+    assert fp["image"]["id"] == inspected["image_id"] and fp["image"]["id"].startswith("sha256:")
+    assert fp["image"]["name"] == "sparkbook-lab/vllm-cpu:latest" and fp["image"]["content"]
+    assert fp["versions"]["vllm"] == "0.32.0+cpu" and fp["versions"]["torch"] and fp["versions"]["ray"]
+    assert [(n["name"], n["driver"]) for n in fp["nodes"]] == [("spark-1", "580.95.05"), ("spark-2", "580.95.05")]
+    assert all(n["firmware"] == {"enp1s0f1np1": "28.45.4028", "enP2p1s0f1np1": "28.45.4028"} and n["kernel"]
+               for n in fp["nodes"])
+    assert fp["model"]["manifest"] not in (None, "absent") and fp["model"]["files"] > 0
+    assert "--enforce-eager" in fp["serving"]["flags"] and fp["layout"]["tensor parallel"] == 2
+    page = (out / "report.html").read_text()
+    assert "sparkbook-fingerprint" in page and "vLLM 0.32.0+cpu" in page
+    assert page.index("sparkbook-fingerprint") < page.index("00_inventory: passed")
+
+
 def test_the_canaries_appear_nowhere_in_the_run_folder_in_any_form(full_run):
     """The API key reached vLLM (06's "API key required" passed above), and the token file holding
     it held the HF token too: their absence here means sparkbook kept them out."""
@@ -81,27 +108,71 @@ def test_the_canaries_appear_nowhere_in_the_run_folder_in_any_form(full_run):
 
 
 def test_report_renders_in_headless_chromium(full_run):
-    browser_path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if not browser_path:
-        pytest.skip("chromium is not installed (scripts/bootstrap installs it)")
-    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
     out, summary = full_run
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=browser_path, args=["--no-sandbox"])
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            errors = []
-            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto((out / "report.html").as_uri(), wait_until="load")
-            assert page.locator("table.sparkbook-summary").first.is_visible()
-            assert page.locator("table.sparkbook-key-numbers").is_visible()
-            assert "PASSED" in page.inner_text("body")[:2000]
-            images = page.eval_on_selector_all(
-                "img", "els => els.map(e => [e.complete, e.naturalWidth, e.naturalHeight])")
-            assert len(images) >= 5 and all(c and w > 0 and h > 0 for c, w, h in images), images
-            page.screenshot(path=str(out / "report.png"))
-        finally:
-            browser.close()
-    assert errors == []
+    with opened(out / "report.html") as page:
+        assert page.locator("table.sparkbook-summary").first.is_visible()
+        assert page.locator("table.sparkbook-key-numbers").is_visible()
+        assert "PASSED" in page.inner_text("body")[:2000]
+        images_loaded(page, 5)
+        page.screenshot(path=str(out / "report.png"))
     assert (out / "report.png").stat().st_size > 10_000
+
+
+def test_compare_with_a_second_run_renders_both_and_the_fingerprint_difference(full_run, tmp_path_factory):
+    """A second, shorter lab run beside the first (04, 05, 07, 08: another --max-model-len and a
+    benchmark of 2 requests at concurrency 1 and 2; about 2.5 minutes on the lab), then
+    `sparkbook compare` of the two: both runs, their start-up times and the differing flag in the
+    page, which renders in headless Chromium with every plot loaded."""
+    from test_compare import render
+    from sparkbook.cli import main
+    out, _ = full_run
+    data = yaml.safe_load((out / "parameters.yaml").read_text())
+    data["serving"]["max_model_len"] = 1024
+    data["benchmark"].update(context_depths=[0], concurrency=[1, 2], requests_per_level=2, output_tokens=32)
+    params_file = tmp_path_factory.mktemp("params") / "lab-again.yaml"
+    params_file.write_text(yaml.safe_dump(data))
+    again = tmp_path_factory.mktemp("e2e-again")  # beside the first: in its history
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_TOKEN", CANARY)
+        mp.setenv("SPARKBOOK_E2E_API_KEY", API_KEY)
+        summary = run(params_file, steps="04,05,07,08", out=again)
+        assert summary["status"] == "passed", json.dumps(summary, indent=2)
+        assert main(["compare", str(out), str(again)]) == 0
+    page_path = out / "compare.html"
+    page = page_path.read_text()
+    forms = {f for c in (CANARY, API_KEY) for f in _forms(c) | {c[:8]}}
+    assert [f for f in forms if f in page] == []
+    comparable = page.split("<h2>Comparable?</h2>")[1].split("<h2>")[0]
+    assert "not comparable" in comparable and "max" in comparable and "1024" in comparable, comparable
+    history = page.split("<h2>History")[1]
+    assert out.name in history and again.name in history
+    for run_dir in (out, again):  # each run's start-up time, measured, in the side-by-side table
+        seconds = json.loads((run_dir / "serving.json").read_text())["seconds"]
+        assert f"{seconds:.1f} s (" in page
+    render(page_path, [out.name, again.name], images=4)
+
+
+def test_the_server_metrics_show_the_kv_cache_in_use_during_the_concurrency_levels(full_run):
+    """07 sampled the lab vLLM's /metrics about every second (sparkbook.bench.server): during the
+    concurrency levels (placed by their own start on the sampler's clock) its KV cache was in use
+    and requests ran side by side; each serving node's simulated nvidia-smi answered and is marked
+    so; server.png is among 07's plots."""
+    import numpy as np
+    from sparkbook.bench import records, server
+    out, _ = full_run
+    cols, meta = server.load(out)
+    res = records.load(out)
+    placed, exact = server.level_windows(res, meta.get("t0_epoch"))
+    assert exact, placed
+    windows = {label: (a, b) for label, a, b in placed}
+    spans = [windows[lv.label] for lv in res.concurrency]
+    during = np.zeros(len(cols["t_s"]), dtype=bool)
+    for a, b in spans:
+        during |= (cols["t_s"] >= a) & (cols["t_s"] <= b)
+    kv = cols["kv_cache_usage"][during]
+    assert during.any() and (kv > 0).any(), (spans, cols["t_s"].tolist(), cols["kv_cache_usage"].tolist())
+    assert np.nanmax(cols["requests_running"][during]) >= 2, cols["requests_running"].tolist()
+    assert meta["gpu_simulated"] and len(meta["gpu_nodes"]) >= 2, meta  # the head and its worker(s)
+    assert list(server.gpu_columns(cols)) == meta["gpu_nodes"], list(cols)
+    assert meta["failures"] <= meta["samples"] / 10, meta["notes"]  # a slow answer on 2 busy cores may time out
+    assert (out / "benchmark" / "server.png").stat().st_size > 0

@@ -4,14 +4,19 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import nbformat
 import pytest
 import yaml
+from conftest import free_port
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
+from sparkbook import fingerprint, runner
 from sparkbook.cli import main
+from sparkbook.errors import SparkbookError
+from sparkbook.fingerprint import ensure as real_ensure
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCALHOST = ROOT / "parameters" / "localhost.yaml"
@@ -267,3 +272,49 @@ def test_every_file_of_the_run_folder_is_masked(books, tmp_path, monkeypatch):
         text = p.read_text()
         assert env_secret not in text and written not in text, p
     assert "********" in (out / "logs" / "serve.log").read_text()
+
+
+def test_the_run_takes_the_fingerprint_no_step_took_and_fails_nothing_without_it(books, tmp_path, monkeypatch,
+                                                                                 capsys):
+    """Issue 19: a fingerprint in every run folder: 06 and 07 take it; `sparkbook run` takes it
+    after the steps where none did (before the report, which shows it), with a short timeout; one
+    that cannot be taken is said and fails nothing."""
+    asked = []
+
+    def ensure(ctx, timeout):
+        asked.append((ctx.run_dir, timeout))
+        return fingerprint.save(fingerprint.Fingerprint(deployment=ctx.params.name), ctx.run_dir)
+
+    monkeypatch.setattr(fingerprint, "ensure", ensure)
+    out = tmp_path / "run"
+    assert main(["run", "-p", str(LOCALHOST), "--notebooks", str(books), "--steps", "00", "--out", str(out)]) == 0
+    assert asked == [(out, runner.FINGERPRINT_TIMEOUT_S)] and fingerprint.load(out).deployment == "localhost"
+    assert "sparkbook-fingerprint" in (out / "report.html").read_text()
+    # the folder holds one (a step took it): kept
+    main(["run", "-p", str(LOCALHOST), "--notebooks", str(books), "--steps", "02", "--out", str(out)])
+    assert len(asked) == 1
+
+    def down(ctx, timeout):
+        raise SparkbookError("the lab is down: `sparkbook lab up`")
+
+    monkeypatch.setattr(fingerprint, "ensure", down)
+    out = tmp_path / "run-2"
+    assert main(["run", "-p", str(LOCALHOST), "--notebooks", str(books), "--steps", "00", "--out", str(out)]) == 0
+    assert "sparkbook: no run fingerprint: SparkbookError: the lab is down" in capsys.readouterr().err
+    assert json.loads((out / "summary.json").read_text())["status"] == "passed" and (out / "report.html").exists()
+
+
+def test_a_node_that_does_not_answer_leaves_an_unread_fingerprint_at_once(books, tmp_path, monkeypatch):
+    """A run that failed at 00, its node not listening: the real fingerprint names it unread, at once."""
+    monkeypatch.setattr(fingerprint, "ensure", real_ensure)
+    (tmp_path / "known_hosts").write_text("")
+    data = yaml.safe_load(LOCALHOST.read_text())
+    data["nodes"] = [{"name": "spark-1", "host": "127.0.0.1", "port": free_port(), "user": "nobody", "role": "head"}]
+    data["ssh"] = {"known_hosts": [str(tmp_path / "known_hosts")], "connect_timeout": 5}
+    params_file = tmp_path / "down.yaml"
+    params_file.write_text(yaml.safe_dump(data))
+    out, t0 = tmp_path / "run", time.monotonic()
+    assert main(["run", "-p", str(params_file), "--notebooks", str(books), "--steps", "00", "--out", str(out)]) == 0
+    fp = fingerprint.load(out)
+    assert "spark-1" in fp.unread and "cannot connect" in fp.unread["spark-1"], fp.unread
+    assert time.monotonic() - t0 < 60

@@ -8,7 +8,10 @@ Split by job, as vLLM's own benchmark code is (``vllm/benchmarks/``):
 - :mod:`.client`: the connection pool and one timed, streamed request;
 - :mod:`.load`: the load patterns (closed loop, Poisson arrivals), one level standalone
   (``load.run_load``) and the whole benchmark (``load.run``);
-- :mod:`.plots`: the figures; :mod:`.checks`: what the verdict says about a run.
+- :mod:`.profiles`: standard grids by name (a public leaderboard's), ``benchmark.profile``;
+- :mod:`.server`: what the server saw meanwhile (vLLM's ``/metrics``, GPU power and clocks);
+- :mod:`.plots`: the figures; :mod:`.checks`: what the verdict says about a run;
+  :mod:`.ceiling`: single-user decode held against the memory-bandwidth ceiling (plausibility).
 
 Hygiene, so that numbers compare between runs and with ``vllm bench serve`` on the same load:
 
@@ -28,7 +31,9 @@ Hygiene, so that numbers compare between runs and with ``vllm bench serve`` on t
   was the bottleneck is flagged ``client_bound``.
 
 Definitions (``vllm bench serve`` uses the same): TTFT is from sending a request to the first chunk
-that carries text (answer, reasoning or tool call); ITL is the time between successive such chunks;
+that carries a generated token, with text or without (a token can be part of a character or a
+special token; a chat role's announcement and an empty chunk that only gives the finish reason are
+not tokens); ITL is the time between successive such chunks;
 E2E is from sending to the end of the stream; TPOT = (E2E - TTFT) / (output tokens - 1). Per
 request, decode tok/s = (output tokens - 1) / (E2E - TTFT) and prefill tok/s = prompt tokens / TTFT.
 A context depth D is a prompt of D + ``benchmark.prompt_tokens`` tokens, all prefilled.

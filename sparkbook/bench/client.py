@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -14,6 +15,10 @@ import aiohttp
 from .. import endpoint as served_api
 from ..errors import SparkbookError
 from .records import PATHS, RequestRecord
+
+
+# The fields of a streamed choice that carry what the model said
+SAID = ("content", "text", "reasoning_content", "reasoning", "tool_calls")
 
 
 class ServerError(Exception):
@@ -30,6 +35,16 @@ def error_text(raw: bytes | str) -> str:
     except ValueError:
         pass
     return str(text).strip()[:200]
+
+
+@dataclass
+class Answer:
+    """What an answer said, kept only when asked for (``Session.request(..., answer=Answer())``):
+    its text (reasoning and content, in order) and, where the server returns them, its token IDs
+    (vLLM's ``return_token_ids``, 0.10.2 on; other servers ignore the field)."""
+
+    text: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
 
 
 class Session:
@@ -95,11 +110,18 @@ class Session:
             b["prompt"] = prompt
         return b
 
-    async def request(self, prompt: str, output_tokens: int, index: int, t0: float) -> RequestRecord:
+    async def request(self, prompt: str, output_tokens: int, index: int, t0: float,
+                      answer: Answer | None = None, cache_salt: str | None = None) -> RequestRecord:
         """One streamed request, timed. Parses each SSE event with one json.loads and keeps only
-        timestamps: no per-token work beyond that."""
-        rec, marks, bare, usage = RequestRecord(index), [], [], None
+        timestamps: no per-token work beyond that, unless ``answer`` asks for the text too.
+        ``cache_salt``: vLLM's (0.9 on; other servers ignore it): the prompt shares no prefix-cache
+        block with a request of another salt."""
+        rec, marks, usage = RequestRecord(index), [], None
         body = self.body(prompt, output_tokens)
+        if answer is not None:
+            body["return_token_ids"] = True
+        if cache_salt is not None:
+            body["cache_salt"] = cache_salt
         sent = time.perf_counter()
         rec.sent_s = sent - t0
         try:
@@ -122,12 +144,16 @@ class Session:
                         usage = event.get("usage") or usage
                         for c in event.get("choices") or ():
                             d = c.get("delta") or c
-                            if (d.get("content") or d.get("text") or d.get("reasoning_content")
-                                    or d.get("reasoning") or d.get("tool_calls")):
+                            # a generated token, with text or without (a special token, part of a
+                            # character), as vllm bench serve times it; not the chat role's
+                            # announcement nor an empty chunk that only says why the answer ended
+                            if any(d.get(k) for k in SAID) or not (d.get("role") or c.get("finish_reason")):
                                 marks.append(now)
-                            else:  # a token with no text of its own (a special token, part of a character)
-                                bare.append(now)
                             rec.finish_reason = c.get("finish_reason") or rec.finish_reason
+                            if answer is not None:
+                                answer.text.append((d.get("reasoning_content") or d.get("reasoning") or "")
+                                                   + (d.get("content") or d.get("text") or ""))
+                                answer.token_ids += c.get("token_ids") or ()
                 end = time.perf_counter()
         except ServerError as e:
             rec.error = str(e)
@@ -138,8 +164,6 @@ class Session:
         if not usage or not usage.get("completion_tokens"):
             rec.error = "no usage in the stream (stream_options.include_usage not honoured)"
             return rec
-        if not marks:  # every token was text-less (a random model can loop on a special token):
-            marks = bare  # time the tokens as they came
         if not marks:
             rec.error = "no token streamed"
             return rec

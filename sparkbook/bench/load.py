@@ -16,6 +16,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 from ..settings import Benchmark
 from ..progress import Progress, bar
 from .client import Session
+from . import profiles
 from .prompts import Prompts
 from .records import LevelResult, RequestRecord, Results
 
@@ -128,6 +129,7 @@ class Runner:
 
         watcher = asyncio.create_task(watch_loop())
         cpu0, t0 = time.thread_time(), time.perf_counter()
+        lv.started_at = time.time()  # the same moment on the clock the server's samples share
         try:
             if request_rate is None:
                 await closed_loop(send, num_requests, concurrency)
@@ -162,7 +164,7 @@ def _salt(salt: str | None) -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds") if salt is None else salt
 
 
-def _run_async(make: Callable[[], Awaitable[Any]]) -> Any:
+def run_async(make: Callable[[], Awaitable[Any]]) -> Any:
     """Run a coroutine on a fresh event loop in a thread of its own: a notebook's kernel already
     runs a loop in the main thread (asyncio.run would refuse), and the client's CPU time is then
     that thread's alone. Interrupting the kernel cancels the run."""
@@ -224,7 +226,7 @@ def run_load(base_url: str, model: str, *, prompt_tokens: int, output_tokens: in
                                  concurrency=concurrency, request_rate=request_rate, seed=seed,
                                  on_request=on_request)
 
-    return _run_async(main)
+    return run_async(main)
 
 
 def run(base_url: str, model: str, benchmark: Benchmark, *, endpoint: str = "chat",
@@ -234,7 +236,9 @@ def run(base_url: str, model: str, benchmark: Benchmark, *, endpoint: str = "cha
         say: Callable[[str], None] = print) -> Results:
     """The whole benchmark of ``params.benchmark``: warm-up, single user at each context depth
     (``depth_requests`` requests each), the concurrency sweep (``max(requests_per_level, c)``
-    requests at concurrency c) and the request-rate sweep (``requests_per_level`` each).
+    requests at concurrency c) and the request-rate sweep (``requests_per_level`` each). With a
+    ``benchmark.profile`` (:mod:`.profiles`) every context depth at every concurrency c instead
+    (``depth_requests`` × c requests each, in ``depths``), no separate concurrency sweep.
 
     Levels that would not fit ``max_model_len`` (default: what /v1/models says) are skipped and
     listed. Raises :class:`SparkbookError` when the server or the model is not there."""
@@ -264,11 +268,13 @@ def run(base_url: str, model: str, benchmark: Benchmark, *, endpoint: str = "cha
                 return await r.level(kind, label, prompt_tokens=tokens, output_tokens=b.output_tokens,
                                      seed=b.seed, **kw)
 
+            grid = profiles.get(b.profile)  # a leaderboard's grid: every depth at every concurrency
             for d in b.context_depths:
-                lv = await level("depth", f"depth {d}", d + b.prompt_tokens, num_requests=depth_requests,
-                                 concurrency=1, request_rate=None, depth=d)
-                res.depths += [lv] if lv else []
-            for c in levels:
+                for c in levels if grid else [1]:
+                    lv = await level("depth", grid.label(d, c) if grid else f"depth {d}", d + b.prompt_tokens,
+                                     num_requests=depth_requests * c, concurrency=c, request_rate=None, depth=d)
+                    res.depths += [lv] if lv else []
+            for c in [] if grid else levels:
                 lv = await level("concurrency", f"c={c}", b.prompt_tokens,
                                  num_requests=max(b.requests_per_level, c), concurrency=c, request_rate=None)
                 res.concurrency += [lv] if lv else []
@@ -279,4 +285,4 @@ def run(base_url: str, model: str, benchmark: Benchmark, *, endpoint: str = "cha
             res.duration_s = (datetime.now(timezone.utc) - started).total_seconds()
             return res
 
-    return _run_async(main)
+    return run_async(main)

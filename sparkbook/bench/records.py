@@ -5,12 +5,16 @@ results, and their files in ``RUN_DIR/benchmark/`` (the definitions are in :mod:
 (UTC, ISO 8601), ``seed``, ``prompt_salt``, ``benchmark`` (the parameters used),
 ``prompt_sizing`` (``exact ...``
 or ``estimated ...``), ``max_model_len``, ``warmup``, ``warmup_errors``, ``skipped`` (levels not
-run, and why), ``duration_s``, ``source`` (the run folder's name), and ``depths``,
+run, and why), ``duration_s``, ``source`` (the run folder's name), ``ceiling`` (what the
+single-user decode speed is held against, :mod:`sparkbook.bench.ceiling`; null when not judged),
+and ``depths``,
 ``concurrency``, ``rates``: lists of levels. A level: ``kind`` (``depth``, ``concurrency``,
 ``rate`` or ``load``), ``label``, ``endpoint``, ``depth``, ``prompt_tokens`` and
 ``output_tokens`` (targets), ``concurrency`` (null: unbounded), ``request_rate`` (req/s; null:
 closed loop), ``num_requests``, ``seed``, ``prompt_sizing``, ``completed``, ``failures``,
 ``errors`` (distinct messages with counts), ``duration_s`` (first send to last end),
+``started_at`` (when its first send was timed, seconds since the epoch: the clock of
+``server_metrics.json``'s ``t0_epoch``),
 ``request_throughput`` (req/s), ``output_tok_s`` (all output tokens / duration),
 ``per_user_tok_s`` (mean of the per-request decode tok/s), ``prefill_tok_s`` and
 ``decode_tok_s`` (medians over requests), ``prompt_tokens_mean`` and ``output_tokens_mean`` (as
@@ -111,6 +115,7 @@ class LevelResult:
     failures: int = 0
     errors: list[str] = field(default_factory=list)
     duration_s: float = 0.0
+    started_at: float | None = None  # epoch s (time.time()) beside the level's timer; None in old results
     request_throughput: float = 0.0
     output_tok_s: float = 0.0
     per_user_tok_s: float | None = None
@@ -221,27 +226,34 @@ class Results(Outcome):
     skipped: list[str] = field(default_factory=list)
     duration_s: float = 0.0
     source: str = ""
+    ceiling: dict | None = None  # sparkbook.bench.ceiling.estimate's, when a bandwidth is expected
 
     @property
     def levels(self) -> list[LevelResult]:
         return [*self.depths, *self.concurrency, *self.rates]
 
+    def by_concurrency(self) -> list[LevelResult]:
+        """The levels by concurrency at the plain prompt: the concurrency sweep, or a profile's
+        (which has none) depth-0 row of its grid."""
+        return self.concurrency or [lv for lv in self.depths if lv.depth == 0]
+
     def single_user(self) -> LevelResult | None:
-        """The single-user level that references compare with: the shallowest context depth,
-        else concurrency 1."""
-        depths = sorted((lv for lv in self.depths if lv.decode_tok_s), key=lambda lv: lv.depth or 0)
+        """The single-user level that references compare with: the shallowest context depth (at
+        concurrency 1: a profile's grid has others), else concurrency 1."""
+        depths = sorted((lv for lv in self.depths if lv.decode_tok_s and lv.concurrency == 1),
+                        key=lambda lv: lv.depth or 0)
         ones = [lv for lv in self.concurrency if lv.concurrency == 1 and lv.decode_tok_s]
         return (depths or ones or [None])[0]
 
     def key_numbers(self) -> list[tuple[str, str]]:
         """Single-user speed (the level the references are compared with) and the peak output
-        throughput of the concurrency sweep."""
+        throughput by concurrency (:meth:`by_concurrency`)."""
         out = []
         one = self.single_user()
         if one:
             out.append(("single user", f"{one.decode_tok_s:.1f} tok/s decode, "
                         f"{one.prefill_tok_s or 0:.0f} tok/s prefill at {one.label}"))
-        conc = [lv for lv in self.concurrency if lv.output_tok_s]
+        conc = [lv for lv in self.by_concurrency() if lv.output_tok_s]
         if conc:
             best = max(conc, key=lambda lv: lv.output_tok_s)
             out.append(("peak throughput", f"{best.output_tok_s:.0f} output tok/s at concurrency "

@@ -152,11 +152,12 @@ GPU_FIELDS = {
     "temperature.gpu": lambda g, i: "40",
     "utilization.gpu": lambda g, i: "0 %",
     "power.draw": lambda g, i: "11.00 W",
+    "clocks.sm": lambda g, i: f"{g.get('clock_mhz', 2418)} MHz",
     "persistence_mode": lambda g, i: "Enabled",
 }
 HEADERS = {"memory.total": "memory.total [MiB]", "memory.used": "memory.used [MiB]",
            "memory.free": "memory.free [MiB]", "utilization.gpu": "utilization.gpu [%]",
-           "power.draw": "power.draw [W]"}
+           "power.draw": "power.draw [W]", "clocks.sm": "clocks.current.sm [MHz]"}
 
 
 def nvidia_smi(args: list[str], s: dict) -> int:
@@ -180,8 +181,9 @@ def nvidia_smi(args: list[str], s: dict) -> int:
             return 2
         if not noheader:
             print(", ".join(HEADERS.get(f, f) for f in fields))
-        for i in range(g["count"]):
-            print(", ".join(GPU_FIELDS[f](g, i) for f in fields))
+        for i in range(g["count"]):  # nounits: "11.00 W" -> "11.00", as nvidia-smi drops them
+            vals = [GPU_FIELDS[f](g, i) for f in fields]
+            print(", ".join(re.sub(r" (W|MHz|MiB|%)$", "", v) if "nounits" in fmt else v for v in vals))
     elif apps:
         fields = [f.strip() for f in apps.split(",")]
         if not noheader:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..bench import checks as bench_checks
-from ..bench import load, plots as bench_plots, records
+from .. import fingerprint
+from ..bench import ceiling, checks as bench_checks
+from ..bench import load, plots as bench_plots, records, server as bench_server
 from ..bench.records import Results
 from ..params import Params
 from ..serving.commands import api_key
@@ -23,10 +24,17 @@ TITLE = "benchmark"
 
 def run(ctx: Context, **kw: Any) -> Results:
     """The whole benchmark of ``params.benchmark`` against ``params.endpoint`` (``kw``: the
-    options of :func:`sparkbook.bench.load.run`), with the API key of ``serving.api_key_env``."""
-    p = ctx.params
-    return load.run(p.endpoint, p.served_model, p.benchmark, max_model_len=p.serving.max_model_len,
-                    api_key=api_key(p) or "EMPTY", **kw)
+    options of :func:`sparkbook.bench.load.run`), with the API key of ``serving.api_key_env``; what
+    the server saw meanwhile is sampled (:mod:`sparkbook.bench.server`)."""
+    fingerprint.ensure(ctx)
+    p, key = ctx.params, api_key(ctx.params)
+    # the model's config.json from the head for the plausibility ceiling (bench.ceiling), before the load
+    limit = ceiling.fetch(p, ctx.cluster) if p.expectations.memory_bandwidth_gbs else None
+    with bench_server.for_run(p, lambda: ctx.cluster, ctx.run_dir, api_key=key, say=kw.get("say", print)):
+        res = load.run(p.endpoint, p.served_model, p.benchmark, max_model_len=p.serving.max_model_len,
+                       api_key=key or "EMPTY", **kw)
+    res.ceiling = limit
+    return res
 
 
 def table(outcome: Results) -> Table:
@@ -45,11 +53,13 @@ def table(outcome: Results) -> Table:
 
 
 def checks(params: Params, outcome: Results) -> list[Check]:
-    return bench_checks.checks(outcome, params.benchmark.references)
+    return bench_checks.checks(outcome, params.benchmark.references) + ceiling.checks(outcome)
 
 
 def plots(ctx: Context, outcome: Results) -> dict[str, Any]:
     """The figures (saved in ``RUN_DIR/benchmark/``), with the earlier runs of the same model in
     the run folder's parent (``outputs/``) and ``benchmark.references``."""
     earlier = records.earlier(ctx.run_dir.parent, outcome.model, exclude=ctx.run_dir)
-    return bench_plots.plot(outcome, ctx.run_dir, earlier=earlier, references=ctx.params.benchmark.references)
+    figs = bench_plots.plot(outcome, ctx.run_dir, earlier=earlier, references=ctx.params.benchmark.references)
+    server = bench_server.plot(outcome, ctx.run_dir)  # what the server saw; None when nothing was sampled
+    return figs | ({"server": server} if server is not None else {})

@@ -1,11 +1,15 @@
 """06 · Smoke test: does the served OpenAI-compatible API do what clients rely on?
-(:mod:`sparkbook.smoke`: one request per check, looking at the structure of the answers.)"""
+(:mod:`sparkbook.smoke`: one request per check, looking at the structure of the answers.) Then the
+burn-in (:mod:`sparkbook.burnin`) and the known answers (:mod:`sparkbook.known_answers`), each a
+cell of its own whose checks join the smoke test's verdict."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .. import smoke
+from .. import burnin, fingerprint, known_answers as known, smoke
+from ..burnin import BurnIn
+from ..known_answers import KnownAnswers
 from ..params import Params
 from ..serving.commands import api_key
 from ..smoke import SmokeTest
@@ -23,10 +27,35 @@ def run(ctx: Context, **kw: Any) -> SmokeTest:
     """Every smoke check against ``params.endpoint``, with the serving parameters' reasoning and
     tool-call parsers and the API key of ``serving.api_key_env`` (``kw``: the options of
     :func:`sparkbook.smoke.run`, e.g. ``timeout``, or ``reasoning_budget`` for a model that thinks
-    at length)."""
+    at length). The burn-in and known answers this context already holds (a re-run cell) stay
+    with the new outcome, their checks in its verdict."""
+    fingerprint.ensure(ctx)
     p = ctx.params
-    return smoke.run(p.endpoint, p.served_model, reasoning_parser=p.serving.reasoning_parser,
-                     tool_call_parser=p.serving.tool_call_parser, api_key=api_key(p) or "EMPTY", **kw)
+    outcome = smoke.run(p.endpoint, p.served_model, reasoning_parser=p.serving.reasoning_parser,
+                        tool_call_parser=p.serving.tool_call_parser, api_key=api_key(p) or "EMPTY", **kw)
+    outcome.burn_in = next((o for o in ctx.outcomes if isinstance(o, BurnIn)), None)
+    outcome.known_answers = next((o for o in ctx.outcomes if isinstance(o, KnownAnswers)), None)
+    return outcome
+
+
+def burn_in(ctx: Context, outcome: SmokeTest, **kw: Any) -> BurnIn:
+    """The burn-in with ``params.smoke`` (``kw``: :func:`sparkbook.burnin.run`'s options), kept in
+    the run folder and in ``outcome``, whose verdict it joins."""
+    p = ctx.params
+    outcome.burn_in = ctx.record(burnin.run(p.endpoint, p.served_model, p.smoke, api_key=api_key(p) or "EMPTY", **kw))
+    return outcome.burn_in
+
+
+def known_answers(ctx: Context, outcome: SmokeTest) -> KnownAnswers:
+    """The known answers, compared with the newest earlier run of this run's fingerprint and kept
+    with it (in the run folder and in ``outcome``, whose verdict it joins)."""
+    p = ctx.params
+    fp = fingerprint.ensure(ctx)
+    key = fp.key(benchmark=False)  # the benchmark's settings change no answer
+    outcome.known_answers = ctx.record(known.run(p.endpoint, p.served_model, key, ctx.run_dir,
+                                                 max_tokens=p.smoke.known_answer_tokens, unread=fp.unread,
+                                                 api_key=api_key(p) or "EMPTY", timeout=p.smoke.timeout_s))
+    return outcome.known_answers
 
 
 def table(outcome: SmokeTest) -> Table:
@@ -38,4 +67,5 @@ def table(outcome: SmokeTest) -> Table:
 
 
 def checks(params: Params, outcome: SmokeTest) -> list[Check]:
-    return list(outcome.checks)
+    return list(outcome.checks) + (burnin.checks(outcome.burn_in) if outcome.burn_in else []) + \
+        (known.checks(outcome.known_answers) if outcome.known_answers else [])
