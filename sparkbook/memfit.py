@@ -99,9 +99,11 @@ def parse(s: dict[str, str]) -> MemReport:
             "config": config if isinstance(config, dict) else None, "model": model}
 
 
-def gather(params: Params, cluster: Cluster) -> dict[str, MemReport | str]:
-    """Every serving node's report (one round trip), or the error that kept it from answering."""
-    res = cluster.run(lambda n: node_script(params, n), params.serving_nodes, timeout=60, env={"LC_ALL": "C"})
+def gather(params: Params, cluster: Cluster, nodes: list[Node] | None = None) -> dict[str, MemReport | str]:
+    """Every serving node's report, or only ``nodes``'s (one round trip), or the error that kept a
+    node from answering."""
+    res = cluster.run(lambda n: node_script(params, n), nodes or params.serving_nodes, timeout=60,
+                      env={"LC_ALL": "C"})
     return {name: parse(parse_sections(r.stdout)) if r.ok else r.summary() for name, r in res.items()}
 
 

@@ -34,7 +34,6 @@ import numpy as np
 
 from .. import memfit
 from ..params import Params
-from ..parsers import parse_sections
 from ..remote import Cluster
 from ..verdict import FAIL, PASS, SKIP, WARN, Check
 from .records import LevelResult, Results
@@ -158,8 +157,7 @@ def fetch(params: Params, cluster: Cluster) -> dict[str, Any] | None:
     bandwidth = params.expectations.memory_bandwidth_gbs
     if bandwidth is None:
         return None
-    r = cluster.run_on(params.head, memfit.node_script(params, params.head), timeout=60, env={"LC_ALL": "C"})
-    head = memfit.parse(parse_sections(r.stdout)) if r.ok else r.summary()
+    head = memfit.gather(params, cluster, [params.head])[params.head.name]
     config = head.get("config") if isinstance(head, dict) else None
     if config is None:
         why = head if isinstance(head, str) else f"no readable config.json in {params.model.path} on the head"
