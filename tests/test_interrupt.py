@@ -22,10 +22,11 @@ pytestmark = pytest.mark.slow
 
 SERVE = ("import pathlib, time\npathlib.Path(ctx.run_dir, 'serve-started').write_text('yes')\n"
          "time.sleep(120)")
-# a cell that does not end on KeyboardInterrupt, as one waiting for a remote command in a thread
-STUCK = ("import pathlib, time\npathlib.Path(ctx.run_dir, 'serve-started').write_text('yes')\n"
-         "for _ in range(240):\n    try:\n        time.sleep(0.5)\n    except KeyboardInterrupt:\n"
-         "        pass")
+# a cell that does not end on an interrupt, as one waiting for a remote command in a thread: it
+# ignores SIGINT while it runs (a KeyboardInterrupt caught in a loop could still land between two
+# of its statements, outside the try, and end the cell before the grace time)
+STUCK = ("import pathlib, signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+         "pathlib.Path(ctx.run_dir, 'serve-started').write_text('yes')\ntime.sleep(120)")
 TEARDOWN = ("import pathlib, time\npathlib.Path(ctx.run_dir, 'teardown-started').write_text('yes')\n"
             "time.sleep(3)\npathlib.Path(ctx.run_dir, 'teardown-ran').write_text('yes')")
 
