@@ -38,7 +38,7 @@ from .bench.load import run_async
 from .bench.prompts import Prompts
 from .bench.records import RequestRecord, stats
 from .errors import SparkbookError
-from .progress import Progress, bar
+from .progress import Progress, bar, fraction_of
 from .settings import Smoke
 from .step import Outcome
 from .tables import Table
@@ -222,7 +222,7 @@ async def sequential(b: BurnIn, session: Session, prompts: Prompts, s: Smoke, sa
         if live is not None:
             failed = sum(bool(x.problem) for x in b.sequential)
             live.update("sequential", f"{bar(i, s.requests, started, unit='req')}  failed {failed}",
-                        force=i == s.requests)
+                        force=i == s.requests, fraction=fraction_of(i, s.requests))
         errors = 0 if r.ok else errors + 1
         if errors >= STOP_AFTER:
             b.stopped = f"stopped after {STOP_AFTER} errors in a row"
@@ -246,7 +246,7 @@ async def soak(b: BurnIn, session: Session, prompts: Prompts, s: Smoke, salt: st
                 took = time.perf_counter() - t0
                 live.update("soak", f"{min(took, s.soak_s):.0f} of {s.soak_s:g} s at concurrency "
                             f"{s.soak_concurrency}  {len(b.soak)} requests  failed "
-                            f"{sum(bool(r.problem) for r in b.soak)}")
+                            f"{sum(bool(r.problem) for r in b.soak)}", fraction=fraction_of(took, s.soak_s))
 
     await asyncio.gather(*(worker() for _ in range(s.soak_concurrency)))
     b.soak_s = round(time.perf_counter() - t0, 3)
@@ -269,7 +269,7 @@ def checks(b: BurnIn) -> list[Check]:
     logs = "see the serving container's log on the head around that request (05's `docker logs`)"
     if b.error:
         seq = Check("burn-in sequential", "api", FAIL, f"not run: {b.error}", expected,
-                    "is the server up? (the smoke checks above, 05)", asked)
+                    "is the server up? (the smoke checks above, 05_serve.ipynb)", asked)
     elif bad:
         r = bad[0]
         more = f"; {len(bad)} of {len(b.sequential)} sent failed (requests " \

@@ -26,7 +26,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .runner import run
     summary = run(_params(args), steps=args.steps, out=args.out, cell_timeout=args.cell_timeout,
                   kernel_name=args.kernel, notebooks_dir=args.notebooks,
-                  keep_on_failure=args.keep_on_failure)
+                  keep_on_failure=args.keep_on_failure, verbose=args.verbose)
     width = max(len(s["name"]) for s in summary["steps"])
     print(f"\nrun folder: {summary['run_dir']}")
     for s in summary["steps"]:
@@ -65,6 +65,15 @@ def cmd_collect(args: argparse.Namespace) -> int:
     from .notebook import open_cluster
     run_dir, params = target(args.run_dir, args.params)
     print(collect(run_dir, params, open_cluster(params)))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from .params import load
+    from .redact import mask
+    from .status import report
+    path = _params(args).expanduser().resolve()
+    print(mask(report(load(path), path, args.run, nodes=not args.no_nodes)))
     return 0
 
 
@@ -192,6 +201,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-on-failure", action="store_true",
                    help="after a failed or interrupted step, skip teardown too: leave the "
                    "deployment running to look at it (08_teardown removes it later)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="also papermill's lines (each cell's start and end) and the kernels' own "
+                   "output, which otherwise go to logs/kernel-NN_name.log in the run folder")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("unlock", help="break the deployment's lock on the head",
@@ -273,6 +285,19 @@ def parser() -> argparse.ArgumentParser:
     q = lsub.add_parser("heal", help="undo faults (all, or one kind)")
     q.add_argument("kind", nargs="?", choices=FAULTS)
     p.set_defaults(func=cmd_lab)
+
+    p = sub.add_parser("status", help="where the deployment stands: its steps, its nodes now",
+                       description="Print the state of every numbered step in the deployment's run "
+                       "folder (passed, failed, interrupted or not run; when; its verdict's counts and "
+                       "first failures), then what runs on the nodes now: sparkbook's containers per "
+                       "node (all nodes asked at once; an unreachable node is a row that says so) and "
+                       "the endpoint's health. The run folder: --run, else the deployment's newest "
+                       "under outputs/ (a `sparkbook run` folder or outputs/interactive-<name>). "
+                       "Exit code 0.")
+    _params_arg(p)
+    p.add_argument("--run", metavar="DIR", help="run folder (default: the deployment's newest)")
+    p.add_argument("--no-nodes", action="store_true", help="the run folder only: ask no node")
+    p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("validate", help="check a parameters file",
                        description="Validate a parameters file; list every bad field by its path.")

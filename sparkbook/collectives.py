@@ -118,7 +118,8 @@ def run(params: Params, cluster: Cluster, run_dir: Path | None = None, omit: tup
             group = [n for n in group if n.name not in omit]
             if group:
                 cluster.run(lambda n: command(params, n), group).check(
-                    "start the all-reduce containers", "is the serving image on every node? (01, 03)")
+                    "start the all-reduce containers",
+                    "is the serving image on every node? (01_preflight.ipynb, 03_distribute_image.ipynb)")
         c = params.collectives
         small = (f"{human_bytes(c.latency_min_bytes)}-{human_bytes(c.latency_max_bytes)} then "
                  if c.latency_sizes() else "")
@@ -253,7 +254,7 @@ def transport_check(out: Sweep, node: Node) -> Check:
                      f"{', '.join(parsed['socket_ifs']) or '?'}), about 8x slower on Sparks",
                      "RDMA (NET/IB) over the configured HCAs",
                      "NCCL found no usable HCA: check /dev/infiniband in the container (runtime.rdma), "
-                     "NCCL_IB_HCA, libibverbs in the image and the rails (01_preflight)")
+                     "NCCL_IB_HCA, libibverbs in the image and the rails (01_preflight.ipynb)")
     return Check("transport", node.name, WARN if fabric else PASS,
                  f"NCCL network {parsed['network'] or 'unknown'}", "RDMA (NET/IB)")
 

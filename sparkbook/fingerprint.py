@@ -314,7 +314,7 @@ def runtime(head: dict[str, str], ident: ImageIdentity | None, env: dict[str, st
     packages = read.get("packages", {})
     nccl_package = next((v for k, v in sorted(packages.items()) if k.lower().startswith("nvidia-nccl")), None)
     if not out["nccl"] or out["nccl"].startswith("("):  # torch did not say: "(its error)"
-        out["nccl"] = nccl_package or env.get("NCCL_VERSION") or out["nccl"]
+        out["nccl"] = nccl_package or env.get("NCCL_VERSION")  # None: no NCCL there (a CPU torch)
     out.update({"python": read.get("Python (image)"), "cuda (torch)": read.get("CUDA (torch)"),
                 "cuda (image)": env.get("CUDA_VERSION")})
     return out

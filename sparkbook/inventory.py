@@ -143,7 +143,7 @@ def checks(params: Params, inv: Inventory) -> list[Check]:
             ok = got == want and (not params.expectations.gpu_name or name == params.expectations.gpu_name)
             out.append(Check("gpu", node.name, PASS if ok else WARN,
                              f"{got} x {name}" if got else (row["gpu_problem"] or "no GPU"), expected,
-                             "" if ok else "preflight checks the GPU in detail; see 01_preflight"))
+                             "" if ok else "preflight checks the GPU in detail; see 01_preflight.ipynb"))
     up = [row for row in inv.rows if row["reachable"]]
     for fact in ("arch", "os", "kernel", "driver", "docker"):
         if len({row.get(fact) for row in up}) > 1:

@@ -194,7 +194,8 @@ def checks(k: KnownAnswers) -> list[Check]:
                       f"the same fingerprint {key}: " + "; ".join(k.differences), EXPECTED,
                       "greedy answers of the same software and hardware repeat token for token: silent "
                       "numerical corruption, a broken GPU, driver or firmware, or a nondeterministic "
-                      "kernel. Rerun 06 to confirm; compare the nodes' preflight (01) of both runs", asked)]
+                      "kernel. Rerun 06 to confirm; compare the nodes' preflight (01_preflight.ipynb) of "
+                      "both runs", asked)]
     if k.compared_with:
         seen = f"{k.compared} answers the same as {k.compared_with} (fingerprint {key})"
         if k.compared < n:

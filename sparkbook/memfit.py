@@ -401,5 +401,5 @@ def dropped(node: str, r: Result) -> Check:
                  "dropped before vLLM starts (serving.drop_page_cache)",
                  "" if ok else "let this user run `sudo -n tee /proc/sys/vm/drop_caches` without a password: "
                  f"`{sudoers or SUDOERS}` in a file of /etc/sudoers.d (`sudo visudo -f /etc/sudoers.d/"
-                 f"drop-caches`), or drop it by hand before 05: `{DROP_BY_HAND}`",
+                 f"drop-caches`), or drop it by hand before 05_serve.ipynb: `{DROP_BY_HAND}`",
                  "bash sparkbook/scripts/drop_page_cache.sh")

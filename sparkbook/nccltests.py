@@ -47,12 +47,12 @@ BANDWIDTH_REMEDY = (
     "check that NCCL moves data over RDMA on both halves of the port (NCCL_DEBUG=INFO shows "
     "'NET/IB : Using [0]rocep1s0f1:1/RoCE [1]roceP2p1s0f1:1/RoCE'; a socket fallback stays near "
     "3 GB/s, one HCA near 13 GB/s), NCCL_IB_HCA naming both RoCE devices, MTU 9000 and FEC on the "
-    "rails (01_preflight, `sparkbook preflight`), and that no other traffic shares the rails; after "
+    "rails (01_preflight.ipynb, `sparkbook preflight`), and that no other traffic shares the rails; after "
     "a cable was moved, owners saw about 3 GB/s until the nodes were rebooted")
 LATENCY_REMEDY = (
     "small all-reduces this slow point at a TCP path (NCCL socket fallback, or gloo) or at a busy "
     "host: check the transport NCCL chose, that NCCL_IB_HCA names the rail HCAs, and the GPU clocks "
-    "(01_preflight)")
+    "(01_preflight.ipynb)")
 
 
 def plateau(rows: list[dict], top: int = PLATEAU_TOP) -> dict | None:

@@ -20,6 +20,7 @@ holds the lock for the whole run, it passes. Another run holding it stops the st
 from __future__ import annotations
 
 import atexit
+import copy
 import dataclasses
 import json
 import os
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, MutableMapping
 
 
 from . import __version__, lock
@@ -58,6 +59,7 @@ class Context:
     gated: dict[str, list[Check]] = field(default_factory=dict)
     outcomes: list[Outcome] = field(default_factory=list)
     held: lock.Lock | None = None  # the deployment's lock, while this step holds it
+    run_gates: set[str] = field(default_factory=set)  # the gates the last run() made
 
     @cached_property
     def cluster(self) -> Cluster:
@@ -97,13 +99,20 @@ class Context:
 
     def run(self, **kw: Any) -> Outcome:
         """The step's work (``step.run(ctx, **kw)``), recorded. Work that raises gives the lock
-        back (a cell run again takes it again): a failed cell in JupyterLab never keeps it."""
+        back (a cell run again takes it again): a failed cell in JupyterLab never keeps it. The
+        gates the step's own work made (05's memory fit) are those of this run: a run again
+        replaces them, and leaves none that it did not make again."""
         self.hold()
+        for key in self.run_gates:
+            self.gated.pop(key, None)
+        before = set(self.gated)
         try:
             return self.record(self._step().run(self, **kw))
         except BaseException:
             self.release()
             raise
+        finally:
+            self.run_gates = set(self.gated) - before
 
     def gate(self, checks: list[Check], key: str = "gate") -> None:
         """Checks before the work of a step: when any failed, the step ends here (as
@@ -172,12 +181,35 @@ def _show(verdict: Verdict) -> None:
         print(verdict.to_text())
 
 
-def resolve(namespace: Mapping[str, Any]) -> tuple[Params, str]:
-    """The validated parameters of a notebook, and where they came from."""
+STARTED = "_sparkbook_started"  # in a notebook's namespace: what its first start() found
+
+
+@dataclass
+class Started:
+    """What the first :func:`start` in a notebook's namespace found injected, and the context the
+    latest one made. A setup cell run again in the same kernel reads the injected fields from
+    here, never from the namespace again: a variable the notebook sets later under a field's name
+    (``model = ...``, ``for name in ...``) is the notebook's own, not a parameter."""
+
+    injected: dict[str, Any]
+    ctx: Context | None = None
+
+
+def injected_fields(namespace: Mapping[str, Any]) -> dict[str, Any]:
+    """The deployment's fields papermill injected (``-f FILE``: its cell tagged
+    ``injected-parameters`` runs after the ``parameters`` cell and before the setup cell)."""
+    started = namespace.get(STARTED)
+    if isinstance(started, Started):
+        return started.injected
     # Injected values are plain data; a module or object of the same name (``from sparkbook
     # import collectives``) is the notebook's own.
     plain = (dict, list, str, int, float, bool, type(None))
-    injected = {k: namespace[k] for k in FIELDS if k in namespace and isinstance(namespace[k], plain)}
+    return {k: copy.deepcopy(namespace[k]) for k in FIELDS if k in namespace and isinstance(namespace[k], plain)}
+
+
+def resolve(namespace: Mapping[str, Any]) -> tuple[Params, str]:
+    """The validated parameters of a notebook, and where they came from."""
+    injected = injected_fields(namespace)
     explicit = namespace.get("params_file")
     if injected and not explicit:
         source = f"injected by papermill (deployment {injected.get('name', '?')!r})"
@@ -193,21 +225,29 @@ def resolve(namespace: Mapping[str, Any]) -> tuple[Params, str]:
     return validate(data, str(path)), source
 
 
-def default_run_dir(params: Params) -> Path:
-    """Where a notebook run by hand keeps its results: ``$SPARKBOOK_RUN_DIR``, else one stable
-    folder per deployment, so that notebooks stepped through one by one share their state."""
-    env = os.environ.get("SPARKBOOK_RUN_DIR")
+def default_run_dir(params: Params, use_env: bool = True) -> Path:
+    """Where a notebook run by hand keeps its results: ``$SPARKBOOK_RUN_DIR`` (unless not
+    ``use_env``), else one stable folder per deployment, so that notebooks stepped through one by
+    one share their state."""
+    env = os.environ.get("SPARKBOOK_RUN_DIR") if use_env else None
     return Path(env) if env else project_root() / "outputs" / f"interactive-{params.name}"
 
 
 def start(namespace: Mapping[str, Any], step: Step | None = None, quiet: bool = False) -> Context:
     """Validate the notebook's parameters (nothing runs on a node before this passes), choose the
-    run folder, and say which of each is used. ``step`` is the notebook's step module."""
+    run folder, and say which of each is used. ``step`` is the notebook's step module. Run again
+    in the same kernel (a setup cell run again), it reads the parameters as the first time, and
+    the earlier context gives its lock back before this one takes it."""
     params, source = resolve(namespace)
     run_dir = Path(namespace.get("run_dir") or default_run_dir(params)).expanduser().resolve()
     run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # private, when made here
     ctx = Context(params, source, run_dir, step)
     if not quiet:
         print(ctx.describe())
+    started = namespace.get(STARTED)
+    if isinstance(started, Started) and started.ctx is not None:
+        started.ctx.release()  # its heartbeat would otherwise find the lock gone after this one's conclude
+    if isinstance(namespace, MutableMapping):
+        namespace[STARTED] = Started(injected_fields(namespace), ctx)
     ctx.hold()
     return ctx

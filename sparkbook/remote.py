@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence, TextIO
 
@@ -57,6 +57,7 @@ class Result:
     duration: float = 0.0
     error: str | None = None  # set when the command could not run (SSH) or ran out of time
     timed_out: bool = False
+    started: float = 0.0  # this machine's clock (time.time()) when this node's command began
 
     @property
     def ok(self) -> bool:
@@ -305,7 +306,8 @@ class Cluster:
 
         def one(node: Node) -> Result:
             c = cmd(node) if callable(cmd) else cmd
-            return _run_one(node, self.ssh, c, limit, env, sink, lock)
+            started = time.time()
+            return replace(_run_one(node, self.ssh, c, limit, env, sink, lock), started=started)
 
         return self._fan_out(targets, one)
 

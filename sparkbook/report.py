@@ -19,10 +19,23 @@ from .verdict import Verdict, cell_html, is_node, nodes_label
 TEMPLATE = Path(__file__).parent / "templates" / "report" / "sparkbook_report.html.j2"
 # Cells tagged so keep their output in the report but not their code: the prose says enough.
 HIDE_INPUT = "hide-input"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
 def _md(text: str) -> nbformat.NotebookNode:
     return nbformat.v4.new_markdown_cell(text)
+
+
+def _without_widgets(cell: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """The cell's outputs without widget views: the page runs no widget code (its template loads
+    none, and the merged notebook carries no saved widget state), so each output shows the text
+    snapshot beside its view (:mod:`sparkbook.progress`). nbconvert 7.17 would skip a view whose
+    model is not in the notebook's saved state, but draw an empty box for one that is."""
+    for out in cell.get("outputs", []):
+        data = out.get("data", {})
+        if WIDGET_VIEW in data and len(data) > 1:
+            del data[WIDGET_VIEW]
+    return cell
 
 
 def _index(summary: dict) -> str:
@@ -129,7 +142,7 @@ def build(run_dir: str | Path) -> Path:
         merged.metadata.setdefault("language_info", nb.metadata.get("language_info", {}))
         for i, cell in enumerate(nb.cells):
             cell["id"] = f"s{s['step']}-{i}"
-            merged.cells.append(cell)
+            merged.cells.append(_without_widgets(cell))
     ran = commands(run_dir)
     if ran:
         merged.cells.append(_md("<a id='commands'></a>\n\n## Commands run by the checks\n\n"

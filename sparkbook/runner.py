@@ -9,15 +9,16 @@ import os
 import re
 import shutil
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Sequence
+from typing import IO, Sequence
 
 import papermill
 
-from . import fingerprint, lock, redact
+from . import engine, fingerprint, lock, redact
 from .errors import SparkbookError
 from .interrupt import Interrupts
 from .notebook import Context, open_cluster
@@ -107,26 +108,36 @@ class _Masked(logging.Formatter):
         return mask(super().format(record))
 
 
-def _logging() -> None:
-    log = logging.getLogger("papermill")
-    if not any(getattr(h, "_sparkbook", False) for h in log.handlers):
-        h = logging.StreamHandler(sys.stderr)
-        h.setFormatter(_Masked("%(message)s"))
-        h._sparkbook = True  # type: ignore[attr-defined]
-        log.addHandler(h)
-        log.setLevel(logging.INFO)
+_HANDLER = logging.StreamHandler()
+_HANDLER.setFormatter(_Masked("%(message)s"))
+
+
+def _logging(verbose: bool) -> None:
+    """On stderr, masked: the cells' outputs (:mod:`sparkbook.engine`) and papermill's warnings;
+    papermill's lines (notebooks, kernel, each cell's start and end) only when ``verbose``."""
+    _HANDLER.stream = sys.stderr  # the stderr of this run (a test's capture)
+    for name, level in (("papermill", logging.INFO if verbose else logging.WARNING),
+                        (engine.log.name, logging.INFO)):
+        log = logging.getLogger(name)
+        if _HANDLER not in log.handlers:
+            log.addHandler(_HANDLER)
+        log.setLevel(level)
         log.propagate = False
 
 
 def run(params_file: str | Path, steps: str | None = None, out: str | Path | None = None,
         notebooks_dir: str | Path | None = None, cell_timeout: float = 3600,
-        kernel_name: str | None = None, report: bool = True, keep_on_failure: bool = False) -> dict:
+        kernel_name: str | None = None, report: bool = True, keep_on_failure: bool = False,
+        verbose: bool = False) -> dict:
     """Run the selected notebooks into a run folder; after the first failure the remaining steps
     are skipped, except a selected teardown step, which still runs (unless ``keep_on_failure``:
     leave the deployment up to look at it). SIGINT and SIGTERM stop the running step and end the
     run the same way (see :mod:`sparkbook.interrupt`). When a selected step changes the nodes, the
     run holds the deployment's lock on the head throughout (:mod:`sparkbook.lock`). Where no step
-    took the run fingerprint, the run takes it after its steps (best effort). Returns the
+    took the run fingerprint, the run takes it after its steps (best effort). The terminal shows
+    each step's lines and what its cells show; the kernels' own stdout and stderr go to
+    ``logs/kernel-NN_name.log`` (``verbose``: papermill's lines, and the kernels' output on the
+    terminal instead, masked; :mod:`sparkbook.engine`). Returns the
     summary (also written to ``summary.json``); its ``status`` is ``passed`` only when every step
     passed, ``interrupted`` after a signal (its ``signal`` names it)."""
     params_path = Path(params_file).expanduser().resolve()
@@ -137,7 +148,7 @@ def run(params_file: str | Path, steps: str | None = None, out: str | Path | Non
         raise SparkbookError(f"no numbered notebooks (NN_name.ipynb) in {nb_dir}")
     fresh = not (out and Path(out).expanduser().exists())
     run_dir = make_run_dir(params.name, out)
-    _logging()
+    _logging(verbose)
     with Interrupts() as stop:
         try:
             held = _lock(params, run_dir, chosen)
@@ -148,7 +159,7 @@ def run(params_file: str | Path, steps: str | None = None, out: str | Path | Non
         try:
             shutil.copyfile(params_path, run_dir / "parameters.yaml")
             summary = _steps(params, params_path, nb_dir, chosen, run_dir, stop, cell_timeout,
-                             kernel_name, keep_on_failure)
+                             kernel_name, keep_on_failure, verbose)
         finally:
             if held is not None:
                 os.environ.pop(lock.ENV, None)
@@ -183,7 +194,7 @@ def _lock(params: Params, run_dir: Path, chosen: list[Path]) -> lock.Lock | None
 
 def _steps(params: Params, params_path: Path, nb_dir: Path, chosen: list[Path], run_dir: Path,
            stop: Interrupts, cell_timeout: float, kernel_name: str | None,
-           keep_on_failure: bool) -> dict:
+           keep_on_failure: bool, verbose: bool) -> dict:
     records = [Step(nb.stem[:2], nb.stem, nb.name) for nb in chosen]
     summary = {"status": "running", "params": str(params_path), "deployment": params.name,
                "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -197,18 +208,21 @@ def _steps(params: Params, params_path: Path, nb_dir: Path, chosen: list[Path], 
         after = f" (after the {'interrupt' if stop.signum else 'failure'}: cleaning up)" if ending else ""
         print(f"== step {rec.name}: running{after}", file=sys.stderr, flush=True)
         t0, signals = time.monotonic(), stop.count
+        kernel_log = _kernel_output(run_dir, rec.name, verbose)  # before the step: nothing to end if it fails
         stop.begin(rec.name, protected=cleanup)
         try:
             papermill.execute_notebook(
                 str(nb), str(run_dir / nb.name),
                 parameters={"params_file": str(params_path), "run_dir": str(run_dir)},
-                cwd=str(nb_dir), log_output=True, progress_bar=False, kernel_name=kernel_name,
-                execution_timeout=cell_timeout, report_mode=False, **stop.papermill_kwargs())
+                cwd=str(nb_dir), log_output=verbose, progress_bar=False, kernel_name=kernel_name,
+                execution_timeout=cell_timeout, report_mode=False, engine_name=engine.NAME,
+                kernel_log=kernel_log, **stop.papermill_kwargs())
             rec.status = "passed"
         except Exception as e:  # the notebook failed: papermill already saved what it ran
             rec.status, rec.error = "failed", mask(_error_text(e))
         finally:
             stop.end()
+            kernel_log.close()
         if rec.status == "failed" and stop.count > signals and (not cleanup or stop.skip_teardown):
             rec.status, rec.error = "interrupted", f"stopped by {stop.name}"
         failed = failed or rec.status != "passed"
@@ -242,6 +256,26 @@ def _left_running(params: Params, params_path: Path, records: list[Step]) -> Non
     print(f"sparkbook: no teardown ran to its end: the {' and '.join(kinds)} containers of deployment "
           f"{params.name!r} (label sparkbook={params.name}) may still run on {nodes}; remove them "
           f"with `sparkbook run -p {params_path} --steps teardown`", file=sys.stderr, flush=True)
+
+
+def _kernel_output(run_dir: Path, step: str, verbose: bool) -> IO[bytes]:
+    """Where the kernel process's own stdout and stderr go: ``logs/kernel-NN_name.log``, private;
+    with ``verbose``, this process's stderr, masked."""
+    if verbose:
+        read, write = os.pipe()
+        threading.Thread(target=_relay, args=(read,), daemon=True).start()
+        return os.fdopen(write, "wb")
+    logs = run_dir / "logs"
+    logs.mkdir(mode=0o700, exist_ok=True)
+    fd = os.open(logs / f"kernel-{step}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    return os.fdopen(fd, "wb")
+
+
+def _relay(fd: int) -> None:
+    with os.fdopen(fd, "rb") as pipe:
+        for line in pipe:  # to the end: the kernel, and whatever it started, closed the pipe
+            sys.stderr.write(mask(line.decode(errors="replace")))
+            sys.stderr.flush()
 
 
 def _write(run_dir: Path, summary: dict) -> None:

@@ -113,8 +113,9 @@ SIGNATURES: list[Signature] = [
           r"exec: \\?\"?[^\s\"\\:]+\\?\"?: stat [^:]+: no such file or directory"],
          "the container's command is not in the image (the image lacks the program, or its "
          "ENTRYPOINT is unset so the first argument was taken as the program)",
-         "choose an image that holds vLLM, Ray and torchrun (04/05's image check names what is "
-         "missing), or set the entrypoint (`runtime.entrypoint`)", phase="container", steps=ALL_STEPS),
+         "choose an image that holds vLLM, Ray and torchrun (the image check of 04_ray_cluster.ipynb "
+         "and 05_serve.ipynb names what is missing), or set the entrypoint (`runtime.entrypoint`)",
+         phase="container", steps=ALL_STEPS),
     _sig("no-gpu-in-container",
          [r"Failed to infer device type", r"No platform detected, vLLM is running on UnspecifiedPlatform",
           r"No CUDA GPUs are available", r"Found no NVIDIA driver on your system",
@@ -123,7 +124,7 @@ SIGNATURES: list[Signature] = [
          "the container sees no GPU (started without the GPU flags, or the NVIDIA container runtime "
          "is missing on the node)",
          "start it with `--gpus all` (runtime.gpus) and check the NVIDIA Container Toolkit on the "
-         "node (`docker run --rm --gpus all <image> nvidia-smi`; 01_preflight's runtime check)",
+         "node (`docker run --rm --gpus all <image> nvidia-smi`; 01_preflight.ipynb's runtime check)",
          phase="container", steps=ALL_STEPS),
     _sig("gpu-arch-unsupported",
          [r"no kernel image is available for execution on the device",
@@ -145,14 +146,14 @@ SIGNATURES: list[Signature] = [
          [r"Address already in use|EADDRINUSE|address already in use",
           r"Failed to bind to (?:port|address)"],
          "a port is already in use",
-         "stop what holds the port (`ss -ltnp`; 08_teardown removes sparkbook's own) or change `ports`",
+         "stop what holds the port (`ss -ltnp`; 08_teardown.ipynb removes sparkbook's own) or change `ports`",
          phase="container", steps=ALL_STEPS),
     _sig("hf-gated-model",
          [r"GatedRepoError", r"Cannot access gated repo", r"You are trying to access a gated repo",
           r"Access to model \S+ is restricted"],
          "the model is gated on the Hugging Face Hub and the container had no token with access to it",
          "accept the model's terms on its Hub page and give the containers a token with access "
-         "(HF_TOKEN; 01_preflight checks it), or serve a local copy (model.path)", phase="config"),
+         "(HF_TOKEN; 01_preflight.ipynb checks it), or serve a local copy (model.path)", phase="config"),
     _sig("model-not-found",
          [r"Invalid repository ID or local directory specified",
           r"is not a local folder and is not a valid model identifier",
@@ -164,7 +165,7 @@ SIGNATURES: list[Signature] = [
           r"Can't load the configuration of",
           r"No such file or directory: '[^']*(?:config\.json|\.safetensors|tokenizer[^']*)'"],
          "the model path was not found",
-         "put the model at model.path on every node (03_distribute_image checks and copies it); the "
+         "put the model at model.path on every node (03_distribute_image.ipynb checks and copies it); the "
          "path is the one inside the container (check the mount)", phase="config"),
     _sig("unsupported-architecture",
          [r"Model architectures? \[?[^\]]*\]? (?:are|is) not supported",
@@ -173,7 +174,7 @@ SIGNATURES: list[Signature] = [
           r"GGUF model with architecture \S+ is not supported"],
          "this vLLM (or the transformers inside the image) does not know the model's architecture",
          "use an image whose vLLM supports the model (its model card names the minimum vLLM and "
-         "transformers; 05's image check lists the image's architectures), or check "
+         "transformers; 05_serve.ipynb's image check lists the image's architectures), or check "
          "`architectures` in the model's config.json", phase="config"),
     _sig("free-memory-at-startup",
          [r"Free memory on device.{0,80}on startup is less than desired GPU memory utilization",
@@ -220,13 +221,13 @@ SIGNATURES: list[Signature] = [
          "a node could not reach the Ray head (GCS): wrong head address, a firewall, or the head's "
          "Ray not running",
          "check the head's Ray container is up and that every node reaches its fabric address on "
-         "the Ray port (04_ray_cluster; 01_preflight's ports check)", phase="ray",
+         "the Ray port (04_ray_cluster.ipynb; 01_preflight.ipynb's ports check)", phase="ray",
          steps=("04",) + SERVING, cleared_by=_RAY_UP),
     _sig("ray-version-mismatch",
          [r"Version mismatch: The cluster was started with"],
          "the nodes run different Ray or Python versions: their images differ",
-         "run the same image on every node (03_distribute_image copies it; 04 compares the nodes' "
-         "images)", phase="ray", steps=("04",) + SERVING),
+         "run the same image on every node (03_distribute_image.ipynb copies it; 04_ray_cluster.ipynb "
+         "compares the nodes' images)", phase="ray", steps=("04",) + SERVING),
     _sig("ray-node-dead",
          [r"has been marked dead because the (?:detector|monitor) has missed too many heartbeats",
           r"mistakenly been marked (?:as )?dead",
@@ -234,8 +235,8 @@ SIGNATURES: list[Signature] = [
           r"NodeDiedError"],
          "a node left the Ray cluster: its heartbeats stopped (the fabric link was cut or went "
          "down, the node rebooted, or its raylet was killed, e.g. out of memory)",
-         "check the rails between the nodes (`ip link`, `ibdev2netdev`; 01_preflight) and the lost "
-         "node's `dmesg` for OOM kills, then restart serving (05)", phase="runtime",
+         "check the rails between the nodes (`ip link`, `ibdev2netdev`; 01_preflight.ipynb) and the "
+         "lost node's `dmesg` for OOM kills, then restart serving (05_serve.ipynb)", phase="runtime",
          steps=("04",) + SERVING),
     _sig("nccl-no-interface",
          [r"Bootstrap : no socket interface found", r"no NCCL_SOCKET_IFNAME interface found"],
@@ -250,7 +251,7 @@ SIGNATURES: list[Signature] = [
           r"NCCL (?:WARN|error).{0,120}[Tt]imeout",
           r"RayChannelTimeoutError|Timed out waiting for object available"],
          "an NCCL collective timed out or hung",
-         "run 02_collectives: check NCCL_SOCKET_IFNAME / NCCL_IB_HCA point at the fabric rails, the "
+         "run 02_collectives.ipynb: check NCCL_SOCKET_IFNAME / NCCL_IB_HCA point at the fabric rails, the "
          "rails' MTU, and that RDMA devices reach the container (runtime.rdma)",
          phase="runtime", steps=ALL_STEPS, detail=_NCCL_DETAIL),
     _sig("nccl-error",
@@ -261,7 +262,7 @@ SIGNATURES: list[Signature] = [
          "NCCL failed between the nodes: a system call or the network failed (a rail down, RDMA "
          "devices or locked memory missing in the container, a wrong interface), or a peer process "
          "died first (then its own log has the first error)",
-         "run 02_collectives with NCCL_DEBUG=INFO: the NCCL WARN line before the error names the "
+         "run 02_collectives.ipynb with NCCL_DEBUG=INFO: the NCCL WARN line before the error names the "
          "call that failed; check the rails, their MTU, `--device /dev/infiniband`, IPC_LOCK and "
          "`--ulimit memlock=-1` on the containers, and the other node's log",
          phase="distributed init", steps=ALL_STEPS, detail=_NCCL_DETAIL),
@@ -271,7 +272,7 @@ SIGNATURES: list[Signature] = [
           r"TCPStore.{0,80}(?:Connection refused|timed out)"],
          "a rank could not reach the rendezvous or its peers (firewall, wrong rail address, the "
          "head's process not started)",
-         "check every node reaches the head's fabric address on the rendezvous port (01_preflight's "
+         "check every node reaches the head's fabric address on the rendezvous port (01_preflight.ipynb's "
          "ports check) and that the head's container started (its log)",
          # not 02's: its own diagnosis names the ranks that never joined and the address
          phase="distributed init"),
@@ -284,7 +285,7 @@ SIGNATURES: list[Signature] = [
          "Ray cannot place vLLM's workers: the cluster has fewer free GPUs than the world size "
          "(a node joined without its GPU, or not at all), or a bundle is pinned to an address Ray "
          "does not know (VLLM_HOST_IP differs from the address the node registered)",
-         "`ray status` on the head must list every node with its GPU (04_ray_cluster); set "
+         "`ray status` on the head must list every node with its GPU (04_ray_cluster.ipynb); set "
          "VLLM_HOST_IP and `ray start --node-ip-address` to the same fabric address on each node",
          phase="ray", cleared_by=PROGRESS),
     _sig("tp-exceeds-gpus",
@@ -295,7 +296,7 @@ SIGNATURES: list[Signature] = [
           r"local_world_size \(\d+\) must be less than or equal to the number of visible devices",
           r"number of required \w+ exceeds the total number of available \w+"],
          "the tensor-parallel size exceeds the GPUs the cluster has",
-         "every node must join with its GPU (04_ray_cluster's GPU check); or lower "
+         "every node must join with its GPU (04_ray_cluster.ipynb's GPU check); or lower "
          "serving.tensor_parallel_size", phase="ray", cleared_by=PROGRESS),
     _sig("ray-unsupported-platform",
          [r"current platform \S+ does not support ray"],
@@ -315,17 +316,18 @@ SIGNATURES: list[Signature] = [
          [r"Capturing CUDA graph|Capturing cudagraphs|cuda graph capture"], flags=re.I,
          cause="it stopped while capturing CUDA graphs",
          remedy="add --enforce-eager to serving.extra_args (or lower the capture sizes), then "
-         "compare with 02", phase="graph capture", hang=True),
+         "compare with 02_collectives.ipynb", phase="graph capture", hang=True),
     _sig("unrecognized-arguments",
          [r"error: unrecognized arguments", r"error: argument -", r"invalid choice: ",
           r"error: the following arguments are required"],
          "vllm serve refused an option",
-         "fix serving.extra_args (05's image check lists the options this vLLM knows)",
+         "fix serving.extra_args (05_serve.ipynb's image check lists the options this vLLM knows)",
          phase="config"),
     _sig("config-rejected",
          [r"validation errors? for \w*Config", r"Value error, "],
          "vLLM refused its configuration (the evidence line names the setting)",
-         "fix the setting it names in serving (05's image check lists what this vLLM accepts)",
+         "fix the setting it names in serving (05_serve.ipynb's image check lists what this vLLM "
+         "accepts)",
          phase="config"),
 ]
 

@@ -44,7 +44,8 @@ REASONING_BUDGET = 2048
 CALL_MARKS = ("<tool_call>", "[TOOL_CALLS]", "<|python_tag|>", "<|tool_call", "<｜tool", "<function")
 # ... or the tool's name as a call: get_weather(...), {"name": "get_weather", ...}, "get_weather": {...}
 NAMED_CALL = re.compile(rf'{TOOL_NAME}\s*\(|"{TOOL_NAME}"[^{{}}]{{0,40}}{{|{{[^{{}}]{{0,40}}"{TOOL_NAME}"')
-REACH = "is vLLM up and listening on this address? (the serving step, `docker logs` on the head)"
+REACH = ("is vLLM up and listening on this address? `docker logs` on the head; "
+         "run 05_serve.ipynb (`sparkbook run -p FILE --steps 05`)")
 
 
 def reasoning_of(obj: Any) -> str:

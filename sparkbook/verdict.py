@@ -53,6 +53,12 @@ SCOPES = frozenset({"", "all", "local", "client"})
 # shows what every passing check saw (link rates, versions), which the matrix keeps for hovering.
 MATRIX_FROM = 3
 LEFT = " style='text-align:left;vertical-align:top'"
+# A step's notebook named in a check (``03_distribute_image.ipynb``, or its stem), outside a word or
+# a path: in HTML a link to that notebook (see :func:`link_steps`). JupyterLab resolves a relative
+# href in an HTML output against the notebook's folder and opens it in the application
+# (source: https://github.com/jupyterlab/jupyterlab packages/rendermime/src/renderers.ts
+# @0014a7ac02f0e52be43d7079baf598ded1018bdd, handleUrls/handleAnchor).
+STEP_FILE = re.compile(r"(?<![\w./-])(\d\d_[A-Za-z0-9_]+)(\.ipynb)?(?![\w-])")
 
 
 @dataclass
@@ -75,6 +81,27 @@ class Check:
             self.status = Status(self.status)
         except ValueError:
             raise ValueError(f"status must be one of {[s.value for s in Status]}, not {self.status!r}") from None
+
+
+def run_step(notebook: str) -> str:
+    """How a remedy sends a person to another step: ``run 03_distribute_image.ipynb (`sparkbook run
+    -p FILE --steps 03`)`` (``notebook``: the file's stem), a link in the HTML."""
+    return f"run {notebook}.ipynb (`sparkbook run -p FILE --steps {notebook[:2]}`)"
+
+
+def step_notebooks() -> set[str]:
+    """The stems of the project's numbered notebooks (``03_distribute_image``)."""
+    from .params import project_root
+    return {p.stem for p in (project_root() / "notebooks").glob("[0-9][0-9]_*.ipynb")}
+
+
+def link_steps(page: str) -> str:
+    """``page`` (HTML) with every existing step's notebook named in its text (never in a tag) a
+    relative link to it: beside the open notebook in JupyterLab (notebooks/), and in report.html
+    the executed notebook beside it in the run folder."""
+    steps = step_notebooks()
+    link = lambda m: f"<a href='{m[1]}.ipynb'>{m[0]}</a>" if m[1] in steps else m[0]  # noqa: E731
+    return re.sub(r"(?<=>)[^<]+", lambda text: STEP_FILE.sub(link, text[0]), page)
 
 
 def is_node(node: str | None) -> bool:
@@ -282,7 +309,7 @@ class Verdict:
         return self.matrix_text() if self.is_matrix else self.table().to_text()
 
     def _repr_html_(self) -> str:
-        return self.matrix_html() if self.is_matrix else self.table()._repr_html_()
+        return link_steps(self.matrix_html() if self.is_matrix else self.table()._repr_html_())
 
     __str__ = to_text
 

@@ -282,7 +282,7 @@ def test_the_step_runs_records_plots_and_concludes(tmp_path):
     assert set(step.plots(ctx, outcome)) == {"throughput", "latency", "distributions", "depth", "rates"}
     verdict = ctx.verdict(outcome)
     ctx.conclude(outcome)
-    assert verdict.title == "benchmark" and verdict.status == PASS, verdict.to_text()
+    assert verdict.title == "07 benchmark" and verdict.status == PASS, verdict.to_text()
     saved = json.loads((ctx.run_dir / "verdicts" / "07_benchmark.json").read_text())
     assert [k for k, _ in saved["key_numbers"]] == ["single user", "peak throughput"]
     for name in ("results.json", "levels.csv", "throughput.png", "latency.png", "depth.png"):

@@ -128,6 +128,8 @@ def test_nccl_falls_back_to_the_image_when_torch_does_not_say_and_05s_inspection
          "identity": {"id": IMAGE_ID}}))
     fp = take(tmp_path=tmp_path, **{"spark-1": {"versions": cpu}})
     assert fp.versions["nccl"] == "2.27.7-1"  # the image's NCCL_VERSION
+    bare = fingerprint.runtime({"runtime versions": "VERSIONS " + json.dumps(cpu)}, None, {}, tmp_path / "none")
+    assert bare["nccl"] is None and bare["vllm"] == "0.32.0+cpu"  # no NCCL at all: none, not torch's error
     assert (fp.versions["vllm"], fp.versions["ray"], fp.versions["torch"]) == ("0.32.0+cpu", "2.60.0", "2.13.0+cpu")
     # an inspection of another image is not used
     other = take(tmp_path=tmp_path, **{"spark-1": {"versions": cpu, "ident": identity("sha256:" + "ef" * 32,

@@ -178,7 +178,7 @@ def test_01_passes_a_worker_holding_the_heads_image_under_another_stores_id_and_
     checks = {c.node: c for c in artifacts.image(params, preflight_of(params, **{
         head: line(CLASSIC), worker: line(CONTAINERD, Entrypoint=["/bin/sh"])}))}
     assert checks[worker].status == "FAIL" and checks[worker].observed.endswith("same layers, different entrypoint")
-    assert "03_distribute_image replaces it" in checks[worker].remedy
+    assert "03_distribute_image.ipynb (`sparkbook run -p FILE --steps 03`): it replaces it" in checks[worker].remedy
     same = {c.node: c for c in artifacts.image(params, preflight_of(params, **{head: line(CLASSIC),
                                                                                 worker: line(CLASSIC)}))}
     assert same[worker].status == "PASS" and same[worker].observed == "d2c94e258dcb"

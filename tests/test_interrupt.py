@@ -99,6 +99,7 @@ def test_a_signal_stops_the_step_runs_the_teardown_and_exits_128_plus_it(tmp_pat
     assert (tmp_path / "run" / "teardown-ran").exists()
     assert not (tmp_path / "notebooks" / "after-ran").exists()
     assert "Traceback" not in err and "ZMQError" not in err, err[-3000:]
+    assert f"sparkbook: {sig.name}: stopping 05_serve" in err and "Executing Cell" not in err, err[-3000:]
     assert (tmp_path / "run" / "report.html").exists()
 
 
@@ -107,6 +108,7 @@ def test_a_second_signal_skips_the_teardown_and_says_what_may_still_run(tmp_path
     assert rc == 130
     assert statuses(summary)[-1] == ("08_teardown", "interrupted")
     assert not (tmp_path / "run" / "teardown-ran").exists()
+    assert "sparkbook: SIGINT again: stopping 08_teardown now, without the teardown" in err, err[-3000:]
     name = yaml.safe_load(params_file.read_text())["name"]
     assert (f"the vLLM containers of deployment '{name}' (label sparkbook={name}) may still run "
             f"on this-machine; remove them with `sparkbook run -p {params_file} --steps teardown`") in err
@@ -126,6 +128,8 @@ def test_a_cell_that_does_not_stop_is_killed_after_the_grace_time(tmp_path, para
     assert statuses(summary)[1:] == [("05_serve", "interrupted"), ("06_after", "skipped"),
                                      ("08_teardown", "passed")]
     assert f"did not stop within {GRACE_S:.0f} s" in err and "Traceback" not in err, err[-3000:]
+    # what the killed kernel's process says (ipykernel's ZMQError at shutdown, say) is in its log
+    assert (tmp_path / "run" / "logs" / "kernel-05_serve.log").exists()
 
 
 def test_on_the_lab_ctrl_c_during_05_tears_down_and_another_run_meanwhile_is_refused(lab, params,

@@ -23,7 +23,7 @@ from sparkbook.serving.startup import Stall
 from sparkbook.serving.teardown import Teardown
 from sparkbook.signatures import SIGNATURES
 from sparkbook.steps import inventory, ray_cluster, serve, teardown
-from sparkbook.verdict import FAIL, PASS, SCOPES, WARN
+from sparkbook.verdict import FAIL, PASS, SCOPES, WARN, Check, Verdict
 
 LAB = Path(__file__).resolve().parents[1] / "parameters" / "lab.yaml"
 FEC_OFF = LAB.parents[1] / "tests" / "fixtures" / "ethtool-show-fec-spark-none-1.txt"
@@ -32,6 +32,16 @@ EMPTY = re.compile(r"\(\s*\)")
 NONE = re.compile(r"\bNone\b")
 # Rows whose observed text may quote a tool's own "None" (ethtool prints FEC "None").
 QUOTES_NONE = re.compile(r"\bfec\b", re.I)
+# A step named by its number ("03", "08_teardown", "03_distribute_image.ipynb"), not inside a word, a
+# version, an address, a time or `--steps 03`: a remedy must name it by its notebook's file, which
+# the HTML verdict links (issue 16).
+STEP_NAMED = re.compile(r"(?<![\w./:-])(?<!--steps )0\d(_\w+)?(\.ipynb)?(?![\w-]|[.:]\d)")
+NOTEBOOKS = {p.name for p in (LAB.parents[1] / "notebooks").glob("[0-9][0-9]_*.ipynb")}
+
+
+def unlinked_steps(text: str) -> list[str]:
+    """The steps ``text`` names other than by an existing notebook's file name."""
+    return [m[0] for m in STEP_NAMED.finditer(text) if m[0] not in NOTEBOOKS]
 
 
 def params_with(**sections):
@@ -61,6 +71,9 @@ def defects(rows, names) -> list[str]:
                 found.append(f"{where}: empty parentheses in {field}: {text!r}")
             if NONE.search(text) and (field != "observed" or not QUOTES_NONE.search(c.check + " " + text)):
                 found.append(f"{where}: None in {field}: {text!r}")
+        if unlinked_steps(c.remedy):
+            found.append(f"{where}: a step named without its notebook file ({unlinked_steps(c.remedy)}): "
+                         f"{c.remedy!r}")
     return found
 
 
@@ -241,9 +254,15 @@ def test_the_check_itself_fails_on_a_bad_remedy():
                 Check("x", "spark-1", FAIL, "seen", "want", "`ip link set {where} up`"),
                 Check("x", "spark-1", WARN, "None GB free", "want", "free space"),
                 Check("x", "spark-1", FAIL, "seen", "want", "fix the driver ()"),
+                Check("x", "spark-1", FAIL, "seen", "want", "03 copies it"),
+                Check("x", "spark-1", FAIL, "seen", "want", "stop it (08_teardown)"),
+                Check("x", "spark-1", FAIL, "seen", "want", "run 09_nothing.ipynb"),
                 Check("x", "spark-9", FAIL, "seen", "want", "fix it")):
         assert len(defects([bad], names)) == 1, bad
     assert rendered([Check("x", "spark-1", PASS, "None", "", "")], names) == []
+    fine = Check("x", "spark-1", WARN, "seen", "want", "run 03_distribute_image.ipynb (`sparkbook run -p FILE "
+                 "--steps 03`) at 08:07 on 10.77.0.12, vLLM 0.17.0, ports 8000-8001, up 0.05 s")
+    assert rendered([fine], names) == [fine]
 
 
 # ------------------------------------------------------------------------------ the other steps
@@ -293,7 +312,7 @@ def test_serving_failures_render():
                         stall=Stall("spark-2", "weights", 62.0, "Loading safetensors checkpoint shards: 40%",
                                     "the weights load from a slow disk"),
                         diagnosis=[Diagnosis("spark-1", "NCCL could not connect", "NCCL WARN connect failed",
-                                             "check the rails (01_preflight)", "logs/spark-1")])
+                                             "check the rails (01_preflight.ipynb)", "logs/spark-1")])
     shown = rendered(serve.checks(params, failed), names)
     assert {c.check for c in shown} == {"serving container", "startup progress", "startup"}
     unknown = Deployment(seen="HTTP 503", logs={"spark-1": "logs/spark-1", "spark-2": "logs/spark-2"})
@@ -308,3 +327,38 @@ def test_every_log_signature_has_a_formatted_cause_and_remedy():
     for sig in SIGNATURES:
         for text in (sig.cause, sig.remedy):
             assert text.strip() and not PLACEHOLDER.search(text) and not EMPTY.search(text), (sig.name, text)
+        assert not unlinked_steps(sig.remedy), (sig.name, sig.remedy)
+
+
+# ------------------------------------------------------------------------------ remedies that link
+
+def test_an_image_missing_on_a_worker_links_to_03():
+    """Preflight's survey: the worker lacks the image; the remedy names 03's notebook and how to run
+    it, the HTML verdict links it (relative: beside the notebook, or in the run folder), the text
+    stays text."""
+    name, params, pf = next(sc for sc in scenarios() if sc[0] == "model to fetch, image to copy")
+    row = next(c for c in preflight.checks(params, pf) if (c.check, c.node) == ("image", "spark-2"))
+    assert row.status == WARN and row.observed.startswith("absent")
+    assert row.remedy.startswith("run 03_distribute_image.ipynb (`sparkbook run -p FILE --steps 03`)"), row.remedy
+    v = Verdict("01 preflight", [row])
+    assert "<a href='03_distribute_image.ipynb'>03_distribute_image.ipynb</a>" in v._repr_html_()
+    assert "03_distribute_image.ipynb" in v.to_text() and "<a " not in v.to_text()
+
+
+def test_the_matrix_links_remedies_too():
+    """Three nodes or more: the details under the matrix link the step as the table does."""
+    rows = [Check("image", n, WARN, "absent", "x", "run 03_distribute_image.ipynb") for n in ("a", "b", "c")]
+    v = Verdict("01 preflight", rows)
+    assert v.is_matrix and "<a href='03_distribute_image.ipynb'>" in v._repr_html_()
+    assert "<a " not in v.to_text()
+
+
+def test_only_existing_steps_in_text_are_linked():
+    """A notebook that does not exist, a path, a longer word and an attribute stay as they are; a
+    stem without .ipynb links to the notebook."""
+    from sparkbook.verdict import link_steps
+    page = ("<td title='04_ray_cluster.ipynb'>09_nothing.ipynb, a/05_serve.ipynb, 05_served, 08_teardown, "
+            "06_smoke_test.ipynb's</td>")
+    assert link_steps(page) == ("<td title='04_ray_cluster.ipynb'>09_nothing.ipynb, a/05_serve.ipynb, 05_served, "
+                                "<a href='08_teardown.ipynb'>08_teardown</a>, "
+                                "<a href='06_smoke_test.ipynb'>06_smoke_test.ipynb</a>'s</td>")

@@ -318,3 +318,91 @@ def test_a_node_that_does_not_answer_leaves_an_unread_fingerprint_at_once(books,
     fp = fingerprint.load(out)
     assert "spark-1" in fp.unread and "cannot connect" in fp.unread["spark-1"], fp.unread
     assert time.monotonic() - t0 < 60
+
+
+# a cell that prints, and whose kernel process writes to its own stderr, as the kernel's logger
+# does; under pytest ipykernel leaves fd 2 as it is (it checks PYTEST_CURRENT_TEST, which the
+# kernel inherits), elsewhere a cell's fd 2 is ipykernel's pipe to the cell's stderr stream
+NOISY = ("import os\nprint('hello from the cell')\n"
+         "os.write(2, ('kernel-process-line ' + os.environ['HF_TOKEN'] + '\\n').encode())\n"
+         "get_ipython().kernel.log.warning('kernel-log-line')")
+
+
+@pytest.mark.parametrize("verbose", [False, True], ids=["default", "verbose"])
+def test_the_terminal_shows_steps_and_cells_and_the_kernels_own_output_goes_to_a_log(
+        books, tmp_path, capfd, monkeypatch, verbose):
+    secret = "hf_kernelSTDERRsecret31337"
+    monkeypatch.setenv("HF_TOKEN", secret)
+    notebook(books / "04_noisy.ipynb", START, NOISY)
+    out = tmp_path / "run"
+    assert main(["run", "-p", str(LOCALHOST), "--notebooks", str(books), "--steps", "04", "--out", str(out)]
+                + (["-v"] if verbose else [])) == 0
+    err = capfd.readouterr().err
+    assert "== step 04_noisy: running" in err and "== step 04_noisy: passed in" in err
+    assert f"run folder: {out}" in err and "hello from the cell" in err
+    assert secret not in err
+    log = out / "logs" / "kernel-04_noisy.log"
+    if verbose:  # papermill's lines and the kernel's own stderr (masked), as before
+        assert "Executing Cell 3" in err and "Input Notebook:" in err, err
+        assert "kernel-process-line ********" in err and "kernel-log-line" in err, err
+        assert not log.exists()
+    else:
+        assert "Executing Cell" not in err and "Ending Cell" not in err and "Input Notebook" not in err, err
+        assert "kernel-process-line" not in err and "kernel-log-line" not in err, err
+        text = log.read_text()
+        assert "kernel-process-line ********" in text and "kernel-log-line" in text and secret not in text
+        assert log.stat().st_mode & 0o777 == 0o600
+
+
+# a display updated in place over ~3 s (Progress in a kernel), and an ipywidgets widget
+PROGRESS = ("import time\nfrom sparkbook.progress import Progress\n"
+            "with Progress('copy', interval=0) as p:\n"
+            "    for i in range(7):\n"
+            "        p.update('node-a', f'state {i}')\n"
+            "        time.sleep(0.5)\n"
+            "import ipywidgets\ndisplay(ipywidgets.IntSlider(value=3))")
+
+
+@pytest.mark.parametrize("every", [0.2, 100.0])
+def test_a_display_updated_in_place_reaches_the_terminal_throttled(books, tmp_path, capfd, monkeypatch,
+                                                                    every):
+    """nbclient logs no display update: the engine does, per display at most every UPDATE_EVERY_S,
+    and the last state when the cell ends; no widget state is saved (the report loads no JS)."""
+    from sparkbook import engine
+    monkeypatch.setattr(engine, "UPDATE_EVERY_S", every)
+    # a run started from the front page inherits its JupyterLab kernel's session name: the run's
+    # kernels must not take it (Progress would draw widgets nobody sees, and update no text)
+    monkeypatch.setenv("JPY_SESSION_NAME", "index.ipynb")
+    notebook(books / "04_progress.ipynb", START, PROGRESS)
+    out = tmp_path / "run"
+    assert main(["run", "-p", str(LOCALHOST), "--notebooks", str(books), "--steps", "04", "--out", str(out)]) == 0
+    err = capfd.readouterr().err
+    shown = [i for i in range(7) if f"node-a: state {i}" in err]
+    if every < 1:
+        assert shown[0] == 0 and shown[-1] == 6 and len(shown) >= 4, err
+    else:
+        assert shown == [0, 6], err  # the first state and, when the cell ended, the last
+    executed = nbformat.read(out / "04_progress.ipynb", as_version=4)
+    assert "IntSlider" in json.dumps(executed.cells[-1].outputs)  # the widget was displayed
+    assert "widgets" not in executed.metadata
+    assert "html-manager" not in (out / "report.html").read_text()
+
+
+# a display whose last change comes just after one was shown, then nothing for a while: a hang
+QUIET = ("import time\nfrom IPython.display import display\n"
+         "h = display({'text/plain': 'phase one'}, raw=True, display_id=True)\ntime.sleep(0.2)\n"
+         "h.update({'text/plain': 'phase two'}, raw=True)\ntime.sleep(4)\nprint('after the quiet')")
+
+
+def test_a_display_that_goes_quiet_shows_its_last_state_without_waiting_for_the_cell(
+        books, tmp_path, capfd, monkeypatch):
+    """A change held back by the throttle reaches the terminal when its time comes, not only with
+    the next update or at the cell's end: a stalled step shows where it stalled."""
+    from sparkbook import engine
+    monkeypatch.setattr(engine, "UPDATE_EVERY_S", 1.0)
+    notebook(books / "04_quiet.ipynb", START, QUIET)
+    assert main(["run", "-p", str(LOCALHOST), "--notebooks", str(books), "--steps", "04",
+                 "--out", str(tmp_path / "run")]) == 0
+    err = capfd.readouterr().err
+    assert "phase one" in err and err.count("phase two") == 1, err
+    assert err.index("phase two") < err.index("after the quiet"), err

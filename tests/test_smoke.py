@@ -34,7 +34,7 @@ def test_healthy_server_passes_every_check_and_says_what_it_sent():
         outcome = smoke.run(server.url + "/v1/", "fake-model", timeout=5, tool_call_parser="hermes")
     r = rows(outcome)
     v = Verdict(step.TITLE, step.checks(None, outcome))
-    assert v.title == "smoke test" and v.status == PASS, v.to_text()
+    assert v.title == "06 smoke test" and v.status == PASS, v.to_text()
     assert outcome.api == server.url + "/v1" and outcome.model == "fake-model"
     assert {c.status for n, c in r.items() if n != "reasoning"} == {PASS}
     assert r["reasoning"].status == SKIP
@@ -225,7 +225,7 @@ def test_the_step_runs_and_concludes_with_the_parameters_of_serving(tmp_path):
         in requests
     verdict = ctx.verdict(outcome)
     ctx.conclude(outcome)
-    assert verdict.title == "smoke test" and verdict.status == PASS, verdict.to_text()
+    assert verdict.title == "06 smoke test" and verdict.status == PASS, verdict.to_text()
     r = rows(outcome)  # the serving parameters' parsers
     assert r["reasoning"].status == PASS and r["tool call (auto)"].status == PASS
     saved = json.loads((tmp_path / "verdicts" / "06_smoke_test.json").read_text())

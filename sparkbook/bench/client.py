@@ -79,7 +79,7 @@ class Session:
                 cards = (await r.json())["data"]
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError) as e:
             raise SparkbookError(f"benchmark: cannot list the models at {self.api}: {e}\n"
-                                 "Is the server up? (the serving and smoke test steps)") from None
+                                 "Is the server up? (05_serve.ipynb, 06_smoke_test.ipynb)") from None
         card = next((c for c in cards if c.get("id") == self.model), None)
         if card is None:
             raise SparkbookError(f"benchmark: {self.model!r} is not served at {self.api} "

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from ..settings import Benchmark
-from ..progress import Progress, bar
+from ..progress import Progress, bar, fraction_of
 from .client import Session
 from . import profiles
 from .prompts import Prompts
@@ -123,7 +123,8 @@ class Runner:
             counts[rec.ok] += 1
             if self.live is not None:
                 self.live.update(label, f"{bar(counts.total(), num_requests, started, unit='req')}"
-                                        f"  failed {counts[False]}")
+                                        f"  failed {counts[False]}",
+                                 fraction=fraction_of(counts.total(), num_requests))
             if on_request is not None:
                 on_request(rec)
 
@@ -140,7 +141,7 @@ class Runner:
         duration, cpu = time.perf_counter() - t0, time.thread_time() - cpu0
         lv.summarize(records, duration, cpu, lag)
         if self.live is not None:
-            self.live.update(label, lv.line(labelled=False), force=True)
+            self.live.update(label, lv.line(labelled=False), force=True, fraction=1.0)
         else:
             self.say(lv.line())
         return lv

@@ -20,7 +20,7 @@ from typing import Callable
 
 from ..errors import CheckFailed
 from ..params import Params
-from ..progress import Progress, bar
+from ..progress import Progress, bar, fraction_of
 from ..redact import mask
 from ..remote import Cluster
 from ..scripts.hub_download import parse_line
@@ -144,7 +144,8 @@ def fetch_model(params: Params, cluster: Cluster, say: Say = print, show: bool =
                 if got and got[0] == "PROGRESS" and show:
                     p = got[1]
                     progress.update(head.name, bar(p["done"], p["total"], start)
-                                    + f"  files {p['files_done']} of {p['files']}")
+                                    + f"  files {p['files_done']} of {p['files']}",
+                                    fraction=fraction_of(p["done"], p["total"]))
 
             r = cluster.run_on(head, cmd, timeout=params.distribution.timeout_s, stream=Lines(each))
     except CheckFailed as e:  # the token file could not be written

@@ -27,7 +27,7 @@ from typing import Callable
 from ..errors import CheckFailed
 from ..params import Node, Params
 from ..parsers import parse_sections
-from ..progress import Progress, bar
+from ..progress import Progress, bar, fraction_of
 from ..remote import Cluster
 from ..scripts.layerstore import chain_ids
 from ..settings import relay_plan
@@ -277,8 +277,10 @@ def stream_from_head(params: Params, cluster: Cluster, workers: list[Node], node
                 read = int(m.group(2))
             elif m and show:
                 name, sent, _skipped, expected, wire = m.group(2).split()
-                progress.update(name, bar(number(sent), max(number(expected), number(sent)), start)
-                                + f"  (on the wire {human_bytes(number(wire))})")
+                total = max(number(expected), number(sent))
+                progress.update(name, bar(number(sent), total, start)
+                                + f"  (on the wire {human_bytes(number(wire))})",
+                                fraction=fraction_of(number(sent), total))
 
         r = cluster.run_on(params.head, ["python3", stream_path(params, params.head), "stream", json.dumps(spec)],
                            timeout=params.distribution.timeout_s, stream=Lines(each))
@@ -372,7 +374,8 @@ def image_checks(params: Params, out: ImageOutcome) -> list[Check]:
             seen = out.errors.get(node.name) or (f"{short_id(got.id)} after the copy: {same[1]}" if got
                                                  else "absent after the copy")
             ssh = (f"SSH from {t.via} to {node.name} ({t.via} relays the image to it: `ssh "
-                   f"{node.peer_target} true` on {t.via})" if t and t.via else "head-to-worker SSH (01_preflight)")
+                   f"{node.peer_target} true` on {t.via})" if t and t.via
+                   else "head-to-worker SSH (01_preflight.ipynb)")
             checks.append(Check("image ID", node.name, FAIL, seen, short_id(ref.id),
                                 f"check the node's disk space (`df -h` on the Docker root) and {ssh}, "
                                 "then run this step again: the copy restarts cleanly", cmd))

@@ -167,7 +167,7 @@ def copy_files(params: Params, cluster: Cluster, todo: dict[str, list[str]], out
             m = re.search(r"\[([^] ]+)\] +([\d,]+) +(\d+)% +(\S+) +(\S+)", line)
             if m and show:
                 progress.update(m.group(1), f"{human_bytes(number(m.group(2)))}  {m.group(3)}%  "
-                                            f"{m.group(4)}  ETA {m.group(5)}")
+                                            f"{m.group(4)}  ETA {m.group(5)}", fraction=int(m.group(3)) / 100)
 
         for level in sync_rounds(params, list(todo)):
             jobs: dict[str, list[str]] = {}
@@ -232,7 +232,7 @@ def model_checks(params: Params, out: ModelOutcome) -> list[Check]:
     checks = [Check("model on the head", params.head.name, PASS, params.model.path)]
     for w, why in out.unreadable.items():
         checks.append(Check("model files", w, FAIL, f"cannot read the model folder: {why}",
-                            "the head's manifest", "check the node (01_preflight)"))
+                            "the head's manifest", "check the node (01_preflight.ipynb)"))
     for w, found in out.after.items():
         synced = out.synced.get(w)
         diffs = describe_differences(split_extras(found)[0])
@@ -247,7 +247,7 @@ def model_checks(params: Params, out: ModelOutcome) -> list[Check]:
             seen = (synced and synced.error) or "; ".join(diffs[:4])
             checks.append(Check("model files", w, FAIL, seen, "the head's manifest",
                                 "check the worker's free disk space and head-to-worker SSH on the "
-                                "fabric (01_preflight), then run 03 again: rsync resumes the partial "
+                                "fabric (01_preflight.ipynb), then run 03 again: rsync resumes the partial "
                                 "files", synced.command if synced else ""))
         checks += extra_checks(params, out, w)
     return checks

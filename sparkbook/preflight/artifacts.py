@@ -11,7 +11,7 @@ from ..distribution.identity import ImageIdentity, same_image
 from ..manifest import describe_differences, manifest_differences, split_extras
 from ..params import Params
 from ..tables import short_id
-from ..verdict import FAIL, PASS, SKIP, WARN, Check
+from ..verdict import FAIL, PASS, SKIP, WARN, Check, run_step
 from .collect import Preflight
 
 
@@ -29,13 +29,14 @@ def image(params: Params, pf: Preflight) -> Iterator[Check]:
                         f"docker image inspect {name}")
         elif img is None:
             yield Check("image", node.name, WARN, "absent: to distribute", short_id(ref and ref.id),
-                        "03_distribute_image sends it from the head")
+                        run_step("03_distribute_image") + ": it sends the image from the head")
         else:
             ok, why = same_image(img, ref)
             yield Check("image", node.name, PASS if ok else FAIL,
                         short_id(img.id) + ("" if ref and img.id == ref.id else f": {why}"),
                         short_id(ref and ref.id), "" if ok else f"a different image under "
-                        f"{name}: 03_distribute_image replaces it with the head's", f"docker image inspect {name}")
+                        f"{name}: {run_step('03_distribute_image')}: it replaces it with the head's",
+                        f"docker image inspect {name}")
 
 
 def model(params: Params, pf: Preflight) -> Iterator[Check]:
@@ -47,9 +48,10 @@ def model(params: Params, pf: Preflight) -> Iterator[Check]:
             fetched = m.source == "hf"  # 03 downloads it onto the head, then copies it
             yield Check("model", node.name, FAIL if node.name == head and not fetched else WARN,
                         f"{m.path} absent", "the model on every node",
-                        f"03_distribute_image downloads {m.name} onto the head and copies it to the workers"
+                        f"{run_step('03_distribute_image')}: it downloads {m.name} onto the head and copies it "
+                        "to the workers"
                         if fetched else "download it on the head (huggingface-cli download "
-                        f"{m.name} --local-dir {m.path}); 03 copies it to the workers")
+                        f"{m.name} --local-dir {m.path}); 03_distribute_image.ipynb copies it to the workers")
         elif node.name == head or ref is None:
             size = sum(f["size"] for f in files.values()) / 1e9
             yield Check("model", node.name, PASS, f"{len(files)} files, {size:.2f} GB", "the model on every node")
@@ -59,14 +61,15 @@ def model(params: Params, pf: Preflight) -> Iterator[Check]:
             yield Check("model", node.name, FAIL if diff else PASS,
                         "differs: " + ", ".join(diff[:6]) + (" ..." if len(diff) > 6 else "") if diff
                         else f"identical to {head} ({len(files)} files)", f"identical to {head}",
-                        "03_distribute_image (model sync) copies the differing files from the head"
+                        run_step("03_distribute_image") + ": its model sync copies the differing files from the head"
                         if diff else "", f"find {m.path} -type f; sha256sum")
             if extras:  # another model in the same folder, say: never sparkbook's to delete
                 yield Check("model extras", node.name, WARN,
                             f"{len(extras)} file(s) the head lacks: " + ", ".join(extras[:5])
                             + (f" and {len(extras) - 5} more" if len(extras) > 5 else ""),
                             f"only the model's files under {m.path}",
-                            "kept (03 never deletes them); distribution.delete_extras: true deletes them")
+                            "kept (03_distribute_image.ipynb never deletes them); "
+                            "distribution.delete_extras: true deletes them")
 
 
 def hf_token(params: Params, pf: Preflight) -> Iterator[Check]:

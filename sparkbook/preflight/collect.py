@@ -5,7 +5,6 @@ for the clocks, and one for TCP between the nodes on the serving ports."""
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypedDict
 
@@ -189,12 +188,12 @@ def gather(params: Params, cluster: Cluster) -> Preflight:
     nodes = {n.name: parse(results[n.name].stdout) for n in params.nodes if results[n.name].error is None}
     errors = {n.name: results[n.name].error or "" for n in params.nodes if results[n.name].error is not None}
     # Clock skew: once the connections are open, a bare `date` costs one short round trip; the
-    # node read its clock at about the middle of it.
-    sent = time.time()
+    # node read its clock at about the middle of it. Each node's round trip is timed from its own
+    # start: on a loaded machine the fan-out's threads start late, which is no skew.
     clocks = cluster.run(["date", "+%s.%N"], list(nodes), timeout=10)
     for name, r in clocks.items():
         try:
-            nodes[name]["skew_s"] = float(r.stdout) - (sent + r.duration / 2)
+            nodes[name]["skew_s"] = float(r.stdout) - (r.started + r.duration / 2)
         except ValueError:
             nodes[name]["skew_s"] = None
     up = [n for n in params.nodes if n.name in nodes]

@@ -179,5 +179,5 @@ def swap(params: Params, pf: Preflight) -> Iterator[Check]:
         yield Check("swap", node.name, status, f"{gib(used)} of {gib(kb['total'])} swap in use",
                     f"under {gib(SWAP_WARN_KB)} in use", "" if status == PASS else
                     "memory ran short before the launch: find and stop what holds it (`free -g`, "
-                    "`ps aux --sort=-rss | head`, 08_teardown for an earlier deployment), then bring the "
+                    "`ps aux --sort=-rss | head`, 08_teardown.ipynb for an earlier deployment), then bring the "
                     "swapped pages back (`sudo swapoff -a && sudo swapon -a`)", "/proc/meminfo")

@@ -8,7 +8,7 @@ from typing import Iterator
 from ..params import Params
 from ..parsers import listener
 from ..serving.commands import container_name
-from ..verdict import FAIL, PASS, SKIP, WARN, Check
+from ..verdict import FAIL, PASS, SKIP, WARN, Check, run_step
 from .collect import Preflight
 
 SKEW_WARN_S, SKEW_FAIL_S = 0.5, 2.0
@@ -60,7 +60,8 @@ def gpus(params: Params, pf: Preflight) -> Iterator[Check]:
         yield Check("stale processes", node.name, FAIL if found else PASS,
                     "; ".join(found)[:300] if found else "no vLLM, Ray or serving container running",
                     "nothing holding GPU memory",
-                    "stop them first: 08_teardown, or `docker rm -f` the container and kill the processes"
+                    "stop them first: " + run_step("08_teardown") + ", or `docker rm -f` the container and "
+                    "kill the processes"
                     if found else "", "nvidia-smi; ps; docker ps")
 
 
@@ -112,7 +113,7 @@ def ports(params: Params, pf: Preflight) -> Iterator[Check]:
     yield Check("ports free", head.name, FAIL if busy else PASS, "; ".join(busy) or
                 ", ".join(f"{k} {p}" for k, p in wanted.items()) + " free",
                 "no listener on the API, Ray, dashboard and master ports",
-                "stop what listens there (08_teardown, or the process shown), or change `ports` "
+                "stop what listens there (08_teardown.ipynb, or the process shown), or change `ports` "
                 "in the parameters" if busy else "", "ss -ltnp")
 
 

@@ -25,9 +25,11 @@ def ssh(params: Params, pf: Preflight) -> Iterator[Check]:
 def node_to_node(params: Params, pf: Preflight) -> Iterator[Check]:
     """SSH from the head to every worker, and from each worker that relays the image (03) to the
     workers it feeds (see :func:`sparkbook.preflight.collect.ssh_peers`)."""
+    order = {n.name: i for i, n in enumerate(params.nodes)}  # not the order the probes ended in
     for node in pf.up(params):
         via = "head" if node.role == "head" else "relay"
-        for peer, (target, ok) in pf.nodes[node.name]["peers_ssh"].items():
+        peers = sorted(pf.nodes[node.name]["peers_ssh"].items(), key=lambda kv: order.get(kv[0], len(order)))
+        for peer, (target, ok) in peers:
             yield Check(f"ssh {via}→worker", peer, PASS if ok else FAIL,
                         f"{node.name} → {target}: {'answers' if ok else 'refused or unreachable'}",
                         f"key-based SSH from {node.name}, host key known",

@@ -31,7 +31,7 @@ from .containers import secrets_file
 from .listeners import Listener, read_listeners
 from .logs import Diagnosis, collect_logs, diagnose
 from .ray import ray_nodes
-from .startup import Stall, StallWatch, read_progress
+from .startup import ORDER, Stall, StallWatch, read_progress
 from .state import NodeState, node_states, port_conflicts, remove, require_image, start
 
 
@@ -162,12 +162,13 @@ def start_serving(params: Params, cluster: Cluster, states: dict[str, NodeState]
         start(params, cluster, params.serving_nodes, False, say=say)
         return
     if not all(states[n.name].running(ray_container(params)) for n in params.serving_nodes):
-        raise CheckFailed("the Ray cluster is not running on every node: run 04_ray_cluster first")
+        raise CheckFailed("the Ray cluster is not running on every node: run 04_ray_cluster.ipynb first "
+                          "(`sparkbook run -p FILE --steps 04`)")
     head = [params.head]
     workdir.prepare(params, cluster, head)
     with secrets_file(cluster, head, lambda n: secrets_path(params, n), secrets(params, False)):
         cluster.run(ray_serve_command(params), head, timeout=60).check(
-            "start vllm serve in the Ray container", "see the message above; 04_ray_cluster "
+            "start vllm serve in the Ray container", "see the message above; 04_ray_cluster.ipynb "
             "forms the Ray cluster it runs in")
 
 
@@ -208,8 +209,9 @@ def wait_ready(params: Params, cluster: Cluster, dep: Deployment, timeout: float
             dep.stall = watch.update(readings)
             dep.phases = dict(watch.phases)
             for node, p in readings.items():
-                progress.update(node, f"[{p.status}] {watch.phases.get(node) or 'starting'}: "
-                                      f"{p.last_line[-140:]}")
+                phase = watch.phases.get(node)
+                progress.update(node, f"[{p.status}] {phase or 'starting'}: {p.last_line[-140:]}",
+                                fraction=(ORDER.index(phase) + 1) / len(ORDER) if phase in ORDER else 0.0)
             dep.stopped = {n: p.status for n, p in readings.items() if p.dead}
             if dep.stopped:
                 dep.seen = f"the serving container stopped on {', '.join(dep.stopped)}"

@@ -110,7 +110,7 @@ def image_checks(params: Params, info: ImageInfo, need_ray: bool | None = None) 
     head = params.head.name
     if "image" in info.errors:
         return [Check("image", head, FAIL, info.errors["image"], params.runtime.image,
-                      "03_distribute_image (or `docker pull`) first")]
+                      "run 03_distribute_image.ipynb (or `docker pull`) first")]
     if not info.vllm:
         return [Check("vLLM in the image", head, FAIL, info.errors.get("inspect", "vllm not installed"),
                       "vllm importable", "choose an image with vLLM (runtime.image)")]
@@ -160,7 +160,7 @@ def _architecture_check(params: Params, info: ImageInfo) -> Check:
                      "image)" if missing else "")
     if "model" in info.errors:
         return Check("model architecture", head, FAIL, info.errors["model"], "the model's config.json",
-                     f"put the model at {params.model.path} on every node (03_distribute_image)")
+                     f"put the model at {params.model.path} on every node (03_distribute_image.ipynb)")
     return Check("model architecture", head, WARN, info.errors.get("architectures", "not read"),
                  "supported by this vLLM")
 

@@ -13,7 +13,7 @@ from typing import Callable, TypedDict
 from ..errors import CheckFailed
 from ..params import Params
 from ..parsers import parse_sections
-from ..progress import Progress
+from ..progress import Progress, fraction_of
 from ..remote import Cluster
 from ..shell import script
 from ..step import Outcome
@@ -90,7 +90,7 @@ def form_ray_cluster(params: Params, cluster: Cluster, run_dir: Path | None = No
     if stray:  # a node that no longer serves must not offer its GPUs to vLLM's placement group
         say(f"removing the Ray container of {', '.join(n.name for n in stray)}: not in serving.nodes")
         cluster.run(remove(params, name), stray).check(
-            "remove the Ray container of the nodes outside serving.nodes", "08_teardown removes it")
+            "remove the Ray container of the nodes outside serving.nodes", "08_teardown.ipynb removes it")
     running = all(current[n.name].current(name, fingerprint(params, n, True)) for n in params.serving_nodes)
     rc = ray_nodes(params, cluster) if running else RayCluster(missing=[n.name for n in params.serving_nodes])
     if not rc.missing:
@@ -122,7 +122,8 @@ def wait_joined(params: Params, cluster: Cluster, timeout: float) -> RayCluster:
         while time.monotonic() < deadline:
             rc = ray_nodes(params, cluster)
             progress.update("nodes", f"{len(rc.nodes)} of {len(params.serving_nodes)} joined"
-                            + (f"; waiting for {', '.join(rc.missing)}" if rc.missing else ""))
+                            + (f"; waiting for {', '.join(rc.missing)}" if rc.missing else ""),
+                            fraction=fraction_of(len(rc.nodes), len(params.serving_nodes)))
             if not rc.missing:
                 break
             time.sleep(3)

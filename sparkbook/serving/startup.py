@@ -31,9 +31,9 @@ BUSY_CPU = 0.05
 PHASES: list[tuple[str, str, str]] = [
     ("ray", r"placement group|Connecting to existing Ray cluster|RayWorkerProc|RayWorkerWrapper",
      "Ray could not place the workers: every node must be in the Ray cluster with its GPU "
-     "(04_ray_cluster); `ray status` shows pending resources"),
+     "(04_ray_cluster.ipynb); `ray status` shows pending resources"),
     ("distributed init", r"world_size=\d+|init_process_group|NCCL version|distributed_init_method=",
-     "the ranks cannot finish the NCCL/gloo initialisation: the fabric between the nodes (02_collectives, "
+     "the ranks cannot finish the NCCL/gloo initialisation: the fabric between the nodes (02_collectives.ipynb, "
      "NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME on the rails, MTU, a firewall) or a node that stopped"),
     ("weights", r"Loading weights|Loading safetensors|Starting to load model|Loading model weights",
      "loading the weights stopped: a slow or hung disk or network file system, or memory pressure "
@@ -43,7 +43,7 @@ PHASES: list[tuple[str, str, str]] = [
     ("kv cache", r"Memory profiling|determine_available_memory|Available KV cache memory|KV cache size|"
      r"num_gpu_blocks",
      "memory profiling or the KV cache allocation hangs: lower serving.gpu_memory_utilization; a "
-     "node that stopped responding in a collective (02_collectives)"),
+     "node that stopped responding in a collective (02_collectives.ipynb)"),
     ("graph capture", r"Capturing CUDA graph|Capturing cudagraph|Graph capturing",
      "CUDA graph capture hangs: add --enforce-eager to serving.extra_args"),
     ("api", r"Starting vLLM API server|Uvicorn running|Application startup complete|Available routes",

@@ -80,7 +80,7 @@ def start(params: Params, cluster: Cluster, nodes: list[Node], ray: bool,
             say(f"starting {name} on {', '.join(n.name for n in group)}")
             cluster.run(lambda n: replace(params, n, name, container_command(params, n, ray)),
                         group, timeout=120).check(
-                f"start {name}", "see the command and its message above; 08_teardown removes "
+                f"start {name}", "see the command and its message above; 08_teardown.ipynb removes "
                 "what was started")
 
 
@@ -114,7 +114,8 @@ def require_image(params: Params, states: dict[str, NodeState]) -> None:
         inspect = ["docker", "image", "inspect", params.runtime.image]
         raise CheckFailed(f"image {params.runtime.image} on every node: {len(bad)} of {len(images)} node(s) "
                           "differ\n" + "\n".join(bad) + "\n  command: " + command_line(inspect)
-                          + "\nremedy: run 03_distribute_image: it copies the head's image to every node"
+                          + "\nremedy: run 03_distribute_image.ipynb (`sparkbook run -p FILE --steps 03`): it copies "
+                          "the head's image to every node"
                           + ("" if head else " (after pulling or building it on the head)"))
 
 
@@ -130,7 +131,7 @@ def port_conflicts(params: Params, states: dict[str, NodeState]) -> list[Check]:
         if seen:
             out.append(Check("port free", params.head.name, FAIL, f"{what} port {port} held: {seen}",
                              f"{what} port {port} free",
-                             "stop what listens there (08_teardown removes sparkbook's own; "
+                             "stop what listens there (08_teardown.ipynb removes sparkbook's own; "
                              "`ss -ltnp` names the process), or change `ports` in the parameters",
                              "ss -ltnp"))
     return out

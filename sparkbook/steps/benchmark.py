@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from ..notebook import Context
 
 NAME = "07_benchmark"
-TITLE = "benchmark"
+TITLE = "07 benchmark"
 
 
 def run(ctx: Context, **kw: Any) -> Results:

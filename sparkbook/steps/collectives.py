@@ -13,7 +13,7 @@ from ..distribution.image import ImageOutcome, copy_checks, distribute_image, tr
 from ..params import Params
 from ..step import Outcome
 from ..tables import Table, human_bytes
-from ..verdict import SKIP, Check
+from ..verdict import SKIP, Check, run_step
 
 if TYPE_CHECKING:
     from ..notebook import Context
@@ -101,5 +101,5 @@ def checks(params: Params, outcome: CollectivesOutcome) -> list[Check]:
     found = copy_checks(params, outcome.image) if outcome.image else []
     if outcome.sweep is None:
         return found + [Check("all-reduce", "all", SKIP, NOT_RUN, "every rank finishes the sweep",
-                              "03_distribute_image copies the head's image to every node")]
+                              run_step("03_distribute_image") + ": it copies the head's image to every node")]
     return found + collectives.checks(params, outcome.sweep)

@@ -71,7 +71,7 @@ def _membership(params: Params, outcome: RayCluster) -> list[Check]:
     serving = {n.name for n in params.serving_nodes}
     ray = ray_container(params)
     out = [Check("in the Ray cluster", name, FAIL, f"joined at {rec['ip']}", "only the nodes of serving.nodes",
-                 "08_teardown, then 04_ray_cluster again", f"docker rm -f {ray}  # on {name}")
+                 "08_teardown.ipynb, then 04_ray_cluster.ipynb again", f"docker rm -f {ray}  # on {name}")
            for name, rec in outcome.nodes.items() if name not in serving]
     for n in params.serving_nodes:
         rec = outcome.nodes.get(n.name)
@@ -80,7 +80,8 @@ def _membership(params: Params, outcome: RayCluster) -> list[Check]:
                              f"joined at {n.fabric_address}",
                              f"docker logs {ray} on {n.name}: the worker must reach "
                              f"{params.head.fabric_address}:{params.ports.ray} on the fabric (firewall, "
-                             "rail addresses: 01_preflight); the Ray versions of the nodes must match (03)",
+                             "rail addresses: 01_preflight.ipynb); the Ray versions of the nodes must match "
+                             "(03_distribute_image.ipynb)",
                              f"docker exec {ray} ray status"))
             continue
         res = rec["resources"]

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from ..notebook import Context
 
 NAME = "06_smoke_test"
-TITLE = "smoke test"
+TITLE = "06 smoke test"
 
 
 def run(ctx: Context, **kw: Any) -> SmokeTest:

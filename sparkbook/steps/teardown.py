@@ -38,7 +38,7 @@ def checks(params: Params, outcome: Teardown) -> list[Check]:
     for n in params.nodes:
         if n.name in t.errors:
             out.append(Check("reachable", n.name, FAIL, t.errors[n.name], "",
-                             "check the node (01_preflight)"))
+                             "check the node (01_preflight.ipynb)"))
             continue
         left, removed = t.remaining.get(n.name), t.removed.get(n.name)
         out.append(Check("containers removed", n.name, FAIL if left else PASS,
