@@ -33,8 +33,8 @@ from .errors import SparkbookError
 from .notebook import default_run_dir
 from .params import default_params_file, load, project_root
 from .redact import mask
-from .status import STATE_COLOURS, Picture, nodes_now, picture, when
-from .verdict import LEFT
+from .status import Picture, nodes_now, picture
+from .verdict import link_steps
 
 
 def parameters_files(given: str | Path | None = None, root: Path | None = None) -> list[Path]:
@@ -106,21 +106,10 @@ atexit.register(RUNNER.stop)  # a kernel that exits stops its run (which then te
 
 
 def picture_html(pic: Picture) -> str:
-    """The picture as HTML: each step a link to its notebook (relative: JupyterLab opens it in a
-    tab), its state, when, its last verdict's headline and first failures."""
-    esc = html.escape
-    rows = []
-    for s in pic.steps:
-        colour = STATE_COLOURS.get(s.state, "")
-        verdict = esc(s.verdict.headline()) if s.verdict else ""
-        fails = "<br>".join(esc(f) for f in s.failures())
-        rows.append("<tr>" + "".join(f"<td{LEFT}>{v}</td>" for v in (
-            f"<a href='{esc(s.notebook)}'>{esc(s.name)}</a>", f"<b style='color:{colour}'>{esc(s.state)}</b>",
-            esc(when(s.when)), verdict, fails)) + "</tr>")
-    head = "".join(f"<th{LEFT}>{h}</th>" for h in ("step", "state", "when", "last verdict", "first failures"))
-    lines = "<br>".join(esc(line) for line in pic.headline().splitlines())
-    return mask(f"<div class='sparkbook-frontpage'><p>{lines}</p><table><thead><tr>{head}</tr></thead>"
-                f"<tbody>{''.join(rows)}</tbody></table></div>")
+    """The picture as HTML: its headline, then the same table as its text form, each step's name a
+    relative link to its notebook (JupyterLab opens it in a tab)."""
+    lines = "<br>".join(html.escape(line) for line in pic.headline().splitlines())
+    return mask(f"<div class='sparkbook-frontpage'><p>{lines}</p>{link_steps(pic.table()._repr_html_())}</div>")
 
 
 class View:
