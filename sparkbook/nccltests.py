@@ -34,6 +34,7 @@ PLATEAU_FROM = 4 * 2**30
 # 0 bytes (nccl-tests -b 0, or -b 1 of a type wider than a byte) move nothing: not a latency.
 LATENCY_UPTO = 8192
 SMALL = 2**20
+MIN_LATENCY_SIZES = 3  # sizes whose median the latency's FAIL needs: one stalled size cannot fail 02
 # The DGX Spark pair's bars, what `sparkbook diagnose` judges a pasted table against without -p
 # (parameters/dgx-spark-pair.yaml holds the same; a test keeps them equal):
 # busbw: NVIDIA's pass bar for a two-Spark all-reduce over the 200 Gb/s cable (the connect-two-sparks
@@ -98,8 +99,9 @@ def latency(rows: list[dict], upto: int = LATENCY_UPTO) -> tuple[float, list[int
 
 
 def latency_check(rows: list[dict], bar: float | None, collective: str = "all_reduce") -> Check:
-    """The small-message time against ``bar`` µs: PASS at or below, WARN up to twice, FAIL beyond;
-    SKIP (the value reported) without a bar, without small sizes, or for another collective."""
+    """The small-message time against ``bar`` µs: PASS at or below, WARN up to twice, FAIL beyond
+    (over the median of at least :data:`MIN_LATENCY_SIZES` sizes; of fewer, a WARN); SKIP (the
+    value reported) without a bar, without small sizes, or for another collective."""
     expected = (f"≤ {bar:g} µs (expectations.allreduce_latency_us)" if bar else
                 "no bar set (expectations.allreduce_latency_us): reported, not judged")
     found = latency(rows)
@@ -108,12 +110,15 @@ def latency_check(rows: list[dict], bar: float | None, collective: str = "all_re
                      f"no size up to {human_bytes(SMALL)}" if rows else "not measured", expected)
     value, sizes = found
     observed = f"{value:.1f} µs per {collective.replace('_', '-')} " + (
-        f"(median of {_span(sizes)})" if len(sizes) > 1 else f"(at {_span(sizes)})")
+        f"(median of {len(sizes)} sizes, {_span(sizes)})" if len(sizes) > 1 else f"(at {_span(sizes)})")
     if collective != "all_reduce":
         return Check("small-message latency", "all", SKIP, observed, "the bar is all-reduce's: not judged")
     if not bar:
         return Check("small-message latency", "all", SKIP, observed, expected)
     status = PASS if value <= bar else WARN if value <= 2 * bar else FAIL
+    if status == FAIL and len(sizes) < MIN_LATENCY_SIZES:  # one stalled size is the whole figure
+        status, observed = WARN, (f"{observed}: too few samples to judge (at least {MIN_LATENCY_SIZES} "
+                                  f"sizes up to {human_bytes(LATENCY_UPTO)} fail it)")
     return Check("small-message latency", "all", status, observed, expected,
                  "" if status == PASS else LATENCY_REMEDY)
 

@@ -136,7 +136,8 @@ class Progress:
         self.notebook = _in_notebook()
         self.interval = interval if interval is not None else (1.0 if self.notebook else 10.0)
         self.lock = threading.Lock()
-        self.shown = 0.0
+        # never shown yet: monotonic() counts from boot, which may be less than an interval ago
+        self.shown = float("-inf")
         self.stale = False  # a change not shown yet (it came within the interval)
         self.handle = None
         self.widgets: _Widgets | None = None

@@ -284,14 +284,35 @@ def run(base_url: str, model: str, *, reasoning_parser: str | None = None,
             "" if ok else "the server generated past max_tokens"
 
     def stop():
-        r = s.chat(max_tokens=64, stop=[STOP])
-        c = r.choices[0]
-        text = (c.message.content or "") + reasoning_of(c.message)
+        # proved against a reference: the same greedy request without the stop string writes it,
+        # so an answer without it, ended by the stop, is the stop's doing (not a model that never
+        # wrote the letter)
+        def text_of(c):
+            return (c.message.content or "") + reasoning_of(c.message)
+        reference = text_of(s.chat(max_tokens=64, temperature=0).choices[0])
+        c = s.chat(max_tokens=64, stop=[STOP], temperature=0).choices[0]
+        text = text_of(c)
         if STOP in text:
             return FAIL, f"{STOP!r} in the output {_short(text)}", "the server ignored the stop string"
-        hit = c.finish_reason == "stop" and getattr(c, "stop_reason", None) == STOP
-        how = f"stopped at {STOP!r}" if hit else f"{STOP!r} never generated (inconclusive)"
-        return PASS, f"{how}; output {_short(text)}, finish {c.finish_reason}", ""
+        if STOP not in reference:
+            return WARN, f"inconclusive: the same request without stop wrote no {STOP!r} either " \
+                f"({_short(reference)})", "nothing proved: the model never wrote the stop string"
+        at = reference.index(STOP)
+        # vLLM names what stopped an answer (stop_reason: the stop string, else null for the end of
+        # sequence); finish "stop" alone is also what an end of sequence gives
+        if "stop_reason" not in (c.model_extra or {}):
+            if c.finish_reason == "stop":
+                return WARN, f"finish stop, but the server reports no stop_reason: an end of sequence " \
+                    f"reads the same; output {_short(text)}", "not vLLM? nothing proved the stop"
+            reason = None
+        else:
+            reason = c.model_extra["stop_reason"]
+        if c.finish_reason != "stop" or reason != STOP:
+            return FAIL, f"finish {c.finish_reason}, stop_reason {reason!r}: the output {_short(text)} " \
+                f"was not ended by {STOP!r}, which the same request without stop wrote at character " \
+                f"{at}", "the server ignored the stop string"
+        return PASS, f"stopped at {STOP!r} (finish stop, stop_reason {reason!r}); without stop the same " \
+            f"request wrote it at character {at}; output {_short(text)}", ""
 
     def unknown():
         t = min(timeout, 10.0)
@@ -343,7 +364,8 @@ def run(base_url: str, model: str, *, reasoning_parser: str | None = None,
     checks += [
         s.check("tool call (required)", tools("required"), call, tool_required),
         s.check("max_tokens", f"{post}: max_tokens 8", "1 to 8 completion tokens", max_tokens),
-        s.check("stop", f"{post}: stop [{STOP!r}], max_tokens 64", f"no {STOP!r} in the output", stop),
+        s.check("stop", f"{post} x2: temperature 0, max_tokens 64, without then with stop [{STOP!r}]",
+                f"without stop, {STOP!r} in the output; with it, none and finish stop", stop),
         s.check("unknown model", f"{post}: model {UNKNOWN_MODEL!r}", "HTTP 404 or 400 within 10 s", unknown),
     ]
     if api_key != "EMPTY":

@@ -195,15 +195,19 @@ class Verdict:
 
     @property
     def status(self) -> Status:
+        """The worst status; SKIP when nothing was checked (every row a SKIP, or none): a verdict
+        that judged nothing does not read as a pass."""
         found = {c.status for c in self.checks}
-        return FAIL if FAIL in found else WARN if WARN in found else PASS
+        return FAIL if FAIL in found else WARN if WARN in found else PASS if PASS in found else SKIP
 
     def counts(self) -> dict[str, int]:
         return {s.value: sum(c.status == s for c in self.checks) for s in Status}
 
     def headline(self) -> str:
         n = self.counts()
-        return f"{self.title}: {self.status} ({', '.join(f'{v} {k}' for k, v in n.items() if v)})"
+        counted = ', '.join(f'{v} {k}' for k, v in n.items() if v) or "no checks"
+        nothing = ": nothing was checked" if self.status == SKIP else ""
+        return f"{self.title}: {self.status} ({counted}){nothing}"
 
     def nodes(self) -> list[str]:
         """The nodes the checks name, in order of appearance: the matrix's columns."""

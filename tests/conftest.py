@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import check_rows
 from sparkbook import fingerprint
 from sparkbook.lab import docker
 from sparkbook.params import SSH, Node, load
@@ -22,12 +23,21 @@ FIELD_SAMPLES = SHARED / "field-samples"
 LAB_FIXTURES = {"lab", "params", "cluster"}
 
 
+# Modules whose lab tests run on 4 nodes (`resized`). They run last: a lab resized comes back
+# without the serving image on its workers, which the next 2-node test would copy again (4 GB).
+FOUR_NODES = {"test_distribute.py", "test_e2e_quad.py"}
+
+
 def pytest_collection_modifyitems(config, items):
     """Every test that uses the lab carries the ``lab`` marker (``pytest -m "not lab"`` leaves
-    them out), whether it says so or gets the lab through a fixture."""
+    them out), whether it says so or gets the lab through a fixture. The 4-node lab tests run
+    after every other, each module's together, so that the lab is resized once."""
     for item in items:
         if LAB_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.lab)
+            if item.path.name in FOUR_NODES:
+                item.add_marker(pytest.mark.four_nodes)
+    items.sort(key=lambda item: item.get_closest_marker("four_nodes") is not None)  # stable
 
 
 @pytest.fixture(autouse=True)
@@ -38,6 +48,24 @@ def no_fingerprint(request, monkeypatch):
     tests the function it imported, not this stub)."""
     if request.node.get_closest_marker("lab") is None:
         monkeypatch.setattr(fingerprint, "ensure", lambda ctx, **kw: fingerprint.Fingerprint())
+
+
+@pytest.fixture(autouse=True)
+def row_proved(request, monkeypatch):
+    """A test tests/check_rows.py names for rows must make each of them FAIL or WARN. Lab tests are
+    left out (many make their checks in a kernel subprocess, out of this process's sight): for them,
+    test_check_rows.py checks only that they exist."""
+    node = request.node
+    test_id = "::".join([node.path.relative_to(check_rows.ROOT).as_posix(),
+                         *([node.cls.__name__] if node.cls else []), node.originalname])
+    rows = check_rows.rows_naming(test_id, getattr(getattr(node, "callspec", None), "id", ""))
+    if not rows or node.get_closest_marker("lab"):
+        yield
+        return
+    seen = check_rows.record(monkeypatch)
+    yield
+    if missing := check_rows.unproved(rows, seen):
+        pytest.fail(f"tests/check_rows.py names {test_id} for the rows {missing}, which it never made FAIL or WARN")
 
 
 def field_sample(name: str) -> str:
@@ -196,18 +224,29 @@ def clean_lab(lab, say=print, settle: float = 15) -> None:
 
 @contextmanager
 def resized(lab, n: int):
-    """The session's lab with ``n`` nodes for a while (`lab up` takes seconds once the image is
-    built), then the usual 2 again. The workers of either come up without the serving image: tests
-    that need it there copy it first (03, or ensure_image). Clean by construction: both are new
-    labs (down, then up)."""
-    quiet = lambda *_: None  # noqa: E731
-    lab.down(say=quiet)
-    try:
-        lab.up(n, say=quiet)
-        yield lab
-    finally:
-        lab.down(say=quiet)
-        lab.up(2, say=quiet)
+    """The session's lab with ``n`` nodes (`lab up` takes seconds once the image is built), clean:
+    a new lab, or the one of that size already up with what an earlier test left removed. It stays
+    that size: the next 2-node test brings the 2 back (``lab_size``), and the 4-node modules run
+    last (pytest_collection_modifyitems), so that happens only when one is run alone. The workers
+    of a new lab come up without the serving image: tests that need it there copy it first (03, or
+    ensure_image)."""
+    if len(lab.nodes()) == n:
+        clean_lab(lab, say=lambda *_: None)
+    else:
+        lab.down(say=lambda *_: None)
+        lab.up(n, say=lambda *_: None)
+    yield lab
+
+
+@pytest.fixture(autouse=True)
+def lab_size(request):
+    """A 2-node lab test after a 4-node one gets its 2 nodes back."""
+    if not LAB_FIXTURES & set(request.fixturenames) or request.node.get_closest_marker("four_nodes"):
+        return
+    lab = request.getfixturevalue("lab")
+    if len(lab.nodes()) != 2:
+        lab.down(say=lambda *_: None)
+        lab.up(2, say=lambda *_: None)
 
 
 @pytest.fixture(scope="module")

@@ -61,6 +61,9 @@ class FakeOpenAI:
         self.hang_unknown_model = 0.0  # seconds to sit on a request for an unknown model
         self.extra_tokens = 0  # generated past every limit
         self.honour_stop = True
+        # a proxy that deletes the stop strings from the text instead of stopping at them
+        self.strip_stop = False
+        self.words = WORDS  # the cycle the "model" writes (token IDs stay the indexes in WORDS)
         # a request on a connection idle for longer than this is dropped unanswered: what a client
         # sees when a server (uvicorn) closes an idle connection just as the client reuses it
         self.keep_alive: float | None = None
@@ -101,9 +104,15 @@ class FakeOpenAI:
         k += self.extra_tokens
         stops = (body.get("stop") or []) if self.honour_stop else []
         stops = [stops] if isinstance(stops, str) else stops
+        if self.strip_stop:
+            stops, strip = [], stops
+        else:
+            strip = []
         text, out = "", []
         for i in range(k):
-            piece = " " + WORDS[(n + i) % len(WORDS)]
+            piece = " " + self.words[(n + i) % len(self.words)]
+            for gone in strip:
+                piece = piece.replace(gone, "")
             found = [((text + piece).find(s), s) for s in stops if s in text + piece]
             if found:
                 at, stop = min(found)

@@ -57,6 +57,22 @@ def test_level_summary_from_known_requests():
     assert lv.client_bound and "client CPU 90%" in lv.client_note and "event-loop lag" in lv.client_note
     row = lv.flat()
     assert row["ttft_ms_p50"] == 200 and row["errors"] == "2 x HTTP 500: boom" and "requests" not in row
+    assert "event-loop lag p99 200 ms of 100 samples" in lv.client_note
+
+
+def test_one_stall_of_this_machine_does_not_make_a_level_client_bound():
+    """One event-loop lag or one late send (a busy neighbour) sets a p99 of few samples alone:
+    the flag needs two."""
+    R = records.RequestRecord
+    recs = [R(i, ok=True, prompt_tokens=10, output_tokens=5, e2e_ms=10, ttft_ms=1,
+              lateness_ms=900.0 if i == 3 else 1.0)
+            for i in range(16)]
+    lv = records.LevelResult("rate", "r=8", "chat", 10, 5, None, 8.0, 16, 0)
+    lv.summarize(recs, duration=2.0, cpu=0.2, lag_ms=[1.0] * 40 + [700.0])
+    assert not lv.client_bound and lv.lateness_ms["p99"] > 50, lv.client_note
+    recs[4].lateness_ms = 800.0  # two late: a pattern
+    lv.summarize(recs, duration=2.0, cpu=0.2, lag_ms=[1.0] * 40 + [700.0])
+    assert lv.client_bound and lv.client_note == "scheduling lateness p99 800 ms of 16 samples"
 
 
 def test_poisson_schedule_is_reproducible_and_has_the_rate():
@@ -220,6 +236,14 @@ def test_verdict_passes_a_clean_run_and_warns_on_a_busy_client():
     res.concurrency[0].client_bound, res.concurrency[0].client_note = True, "client CPU 95% of a core"
     generator = next(c for c in verdict(res).checks if c.check == "load generator")
     assert generator.status == WARN and "c=1: client CPU 95%" in generator.observed
+
+
+def test_no_level_that_fits_fails_and_prompts_sized_without_tokenize_warn():
+    with FakeOpenAI(tokenize=False, max_model_len=8) as server:
+        res = load.run(server.url, "fake-model", BENCH, warmup=0, depth_requests=1, **QUIET)
+    r = {c.check: c for c in verdict(res).checks}
+    assert (r["benchmark"].status, r["benchmark"].observed) == (FAIL, "no level was measured")
+    assert r["prompt sizing"].status == WARN and "no /tokenize" in r["prompt sizing"].observed
 
 
 def test_save_load_earlier_and_plots(tmp_path):

@@ -63,6 +63,18 @@ def test_last_phase_and_diagnosis():
     assert phase == "first collective" and "MTU" in cause
 
 
+def test_a_sweep_that_stopped_fails_where_and_a_container_left_fails_the_cleanup():
+    p = load(LAB)
+    out = collectives.Sweep("gloo", phases={"spark-1": "started", "spark-2": "started"},
+                            logs={"spark-1": "", "spark-2": ""}, timed_out=True, duration_s=300,
+                            left_running=["spark-2"])
+    found = {c.check: c for c in collectives.checks(p, out)}
+    assert [(c.check, c.status) for c in found.values()] == [("cleanup", "FAIL"), ("all-reduce", "FAIL")]
+    assert found["all-reduce"].observed.startswith("no result after 300 s (time limit reached); stuck in: "
+                                                   "communicator init")
+    assert found["cleanup"].node == "spark-2" and found["cleanup"].remedy.startswith("docker rm -f ")
+
+
 def test_sweep_on_the_lab_through_the_notebook(lab, tmp_path):
     """Both sweeps in one run: small messages (8 B-64 KiB, reported, not judged: the lab sets no
     latency bar) then bandwidth, judged at its plateau."""

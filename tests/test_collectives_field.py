@@ -82,7 +82,7 @@ def test_an_old_11_column_all_gather_table_parses_and_its_0_byte_rows_are_no_lat
     assert nccltests.plateau(run.rows)["busbw_gbs"] == 230.07
     # the median of 32 B-8 KiB (34.5 µs): with the five 0-byte rows it would be 34.0 µs, of 0 B-8 KiB
     check = nccltests.latency_check(run.rows, 50, collective="all_gather")
-    assert check.observed == "34.5 µs per all-gather (median of 32 B-8 KiB)"
+    assert check.observed == "34.5 µs per all-gather (median of 9 sizes, 32 B-8 KiB)"
 
 
 def test_0_byte_rows_do_not_lower_the_latency():
@@ -152,10 +152,13 @@ def test_the_published_small_all_reduce_passes_the_pair_latency_bar():
 
 def test_latency_both_ways_and_reported_without_a_bar():
     assert nccltests.latency_check(small(31.0), 50).status == "PASS"
-    assert nccltests.latency_check(small(31.0), 50).observed == "31.0 µs per all-reduce (median of 8 B-8 KiB)"
+    assert nccltests.latency_check(small(31.0), 50).observed == "31.0 µs per all-reduce (median of 11 sizes, 8 B-8 KiB)"
     assert nccltests.latency_check(small(80.0), 50).status == "WARN"
     fail = nccltests.latency_check(small(400.0), 50)
     assert fail.status == "FAIL" and "TCP path" in fail.remedy
+    # one size alone (a stall during its iterations would be the whole figure) cannot fail 02
+    one = nccltests.latency_check(rows((8192, 0.0), time_us=400.0), 50)
+    assert one.status == "WARN" and "too few samples to judge (at least 3 sizes" in one.observed
     skip = nccltests.latency_check(small(400.0), None)
     assert skip.status == "SKIP" and skip.observed.startswith("400.0 µs") and "reported, not judged" in skip.expected
     gather = nccltests.latency_check(small(400.0), 50, collective="all_gather")
@@ -237,6 +240,13 @@ def test_diagnose_reads_another_parameters_file_and_stdin(monkeypatch, capsys):
     monkeypatch.setattr(sys, "stdin", io.StringIO(slow.read_text()))
     assert main(["diagnose", "-"]) == 1
     assert "<stdin>: nccl-tests all_gather_perf, 2 rank(s)" in capsys.readouterr().out
+
+
+def test_wrong_values_in_a_pasted_table_fail_the_reduced_values():
+    """The published pair's table with 3 wrong values counted at 4 GiB in place."""
+    text = (FIXTURES / "nccl-tests-allgather-spark-1.txt").read_text().replace("22.46       0", "22.46       3")
+    values = nccltests.checks(nccltests.parse(text), 21.875, None)[0]
+    assert (values.check, values.status, values.observed) == ("reduced values", "FAIL", "3 wrong value(s)")
 
 
 def test_diagnose_judges_without_any_parameters_folder(tmp_path, monkeypatch, capsys):

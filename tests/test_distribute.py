@@ -329,6 +329,25 @@ def test_a_failed_copy_fails_with_the_command_and_the_remedy():
     assert bad[1].command.startswith("bash sparkbook/scripts/model_sync.sh")
 
 
+def test_a_worker_on_the_containerd_store_gets_the_whole_image_and_a_warning_that_says_why():
+    params, outcome = recorded_copy()
+    end = {"name": "spark-2", "code": 0, "sent": 9_000_000_000, "wire": 9_000_000_000, "skipped": 0,
+           "layers_skipped": 0, "error": None, "output": [], "source": "docker save", "held": 0}
+    containerd = NodeImage("spark-2", containerd_store=True)
+    outcome.image.transfers = [image._transfer(containerd, False, 120.0, end, "", None)]
+    warned = [c for c in step.checks(params, outcome) if c.status in ("FAIL", "WARN")]
+    assert [(c.check, c.node, c.status) for c in warned] == [("layer skipping", "spark-2", "WARN")]
+    assert "uses the containerd image store" in warned[0].observed
+
+
+def test_no_model_on_the_head_fails_and_says_how_to_put_it_there():
+    params, outcome = recorded_copy()
+    outcome.model.head_error = f"no config.json in {params.model.path}"
+    bad = failures(step.checks(params, outcome))
+    assert [(c.check, c.node) for c in bad] == [("model on the head", "spark-1")]
+    assert "huggingface-cli download" in bad[0].remedy
+
+
 # ------------------------------------------------------------------- one read, relayed beyond parallel
 
 @pytest.mark.parametrize("n, parallel, expected", [

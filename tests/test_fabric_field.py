@@ -195,8 +195,11 @@ def test_fec_unreadable_says_so():
     d = report()
     d["fec"] = {RAILS[0]: {"configured": [], "active": None, "error": "netlink error: Operation not supported"}}
     unsupported, absent = rows(params, d, "rail fec")
-    assert unsupported.status == SKIP and unsupported.observed == "enp1s0f1np1: netlink error: Operation not supported"
-    assert absent.status == SKIP and absent.observed == "enP2p1s0f1np1: no FEC mode reported"
+    # not read is not judged good: a WARN with the way to read it by hand
+    assert unsupported.status == WARN and unsupported.observed == \
+        "enp1s0f1np1: netlink error: Operation not supported: FEC not read, so not judged"
+    assert absent.status == WARN and absent.observed == "enP2p1s0f1np1: no FEC mode reported: FEC not read, so not judged"
+    assert "`sudo ethtool --show-fec enp1s0f1np1`" in unsupported.remedy
 
 
 # --------------------------------------------------------------------------------- GID index

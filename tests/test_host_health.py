@@ -1,5 +1,5 @@
 """Host health in preflight (issue 17): driver and firmware alike and in range, GPU clocks held down
-by power or heat (`nvidia-smi -q`), the memlock limit RDMA needs, swap in use before the launch.
+by power or heat (`nvidia-smi -q`), swap in use before the launch.
 Parsers on real GB10 / DGX Spark outputs (the sources are named at each sample), each check failing
 and passing, the lab's simulated `nvidia-smi -q`, and the `throttle` fault caught on the lab."""
 
@@ -144,7 +144,7 @@ def rows(params, first=None, second=None):
 
 def test_healthy_hosts_pass():
     got = rows(params_with(expectations={"driver": ">=580.95", "firmware": ">=28.45,<29"}))
-    assert {k: c.status for k, c in got.items() if c.status != PASS} == {("memlock", "all"): SKIP}
+    assert {k: c.status for k, c in got.items() if c.status != PASS} == {}
     assert got[("same driver", "all")].observed == "spark-1: 580.95.05 / spark-2: 580.95.05"
     assert got[("gpu clocks", "spark-1")].observed.startswith("P0, Graphics 2418 MHz of 3003")
     assert got[("firmware", "spark-2")].observed == "28.45.4028"
@@ -249,33 +249,6 @@ def test_normal_reasons_do_not_count():
     assert c.status == PASS and "no slowdown reason active (Idle, Applications Clocks Setting)" in c.observed
 
 
-# memlock: RDMA registers (pins) memory; below the limit NCCL fails with "ibv_reg_mr_iova2 failed
-# with error Cannot allocate memory" while `ulimit -l` showed 8192 until limits.conf was raised:
-# https://github.com/NVIDIA/nccl-tests/issues/206 (and NCCL's troubleshooting page it cites,
-# https://docs.nvidia.com/deeplearning/nccl/archives/nccl_2143/user-guide/docs/troubleshooting.html#infiniband). Docker
-# gives a container 64 MiB (8 MiB on other hosts) unless `--ulimit memlock=-1`:
-# https://github.com/NVIDIA/cudf-spark/pull/7632, https://github.com/ROCm/cvs/pull/452.
-def test_memlock_with_docker_is_one_skip_saying_what_sparkbook_passes():
-    """Nothing on the node decides it: sparkbook's own `docker run` carries --ulimit memlock=-1."""
-    from sparkbook.serving.containers import docker_run
-    params = params_with(runtime={"rdma": True})
-    got = rows(params, second=report(memlock="8192"))
-    assert [k for k in got if k[0] == "memlock"] == [("memlock", "all")]
-    c = got[("memlock", "all")]
-    assert c.status == SKIP and c.observed == "sparkbook runs its containers with --ulimit memlock=-1 (runtime.rdma)"
-    run = docker_run(params, params.nodes[0], "sparkbook-lab-x", ["true"])
-    assert run[run.index("--ulimit") + 1] == "memlock=-1"
-
-
-def test_memlock_of_a_venv_runtime_is_the_ssh_users():
-    params = params_with()
-    params = params.model_copy(update={"runtime": params.runtime.model_copy(update={"kind": "venv"})})
-    got = rows(params, second=report(memlock="8192"))
-    assert got[("memlock", "spark-1")].status == PASS
-    c = got[("memlock", "spark-2")]
-    assert c.status == FAIL and "memlock unlimited" in c.remedy and "limits.d" in c.remedy
-
-
 # swap: GB10 shares its 128 GB between the OS, the page cache and the GPU; owners report hosts
 # wedged by memory exhaustion, with swap in use, rather than an OOM kill:
 # https://github.com/AEON-7/vllm-ultimate-dgx-spark/issues/9 (host freezes; the last samples show
@@ -293,7 +266,7 @@ def test_swap_in_use_before_the_launch_warns():
 def test_a_report_without_the_host_section_gives_no_host_rows():
     bare = {"facts": {"driver": "580.95.05"}, "ibstat": None, "ibv_devinfo": None}
     got = rows(params_with(), bare, bare)
-    assert set(got) == {("same driver", "all"), ("memlock", "all")}  # the latter from the parameters
+    assert set(got) == {("same driver", "all")}
 
 
 # ------------------------------------------------------------------------------------- settings
@@ -325,3 +298,15 @@ def test_throttle_is_caught_on_its_node_only_and_heals(lab, params):
     assert [k for k, v in got.items() if v.status == FAIL] == [("gpu clocks", "spark-2")]
     assert got[("gpu clocks", "spark-1")].status in (PASS, SKIP)  # SKIP: a lab older than `nvidia-smi -q`
     assert checked()[("gpu clocks", "spark-2")].status == PASS
+
+
+# memlock: RDMA registers (pins) memory; below the limit NCCL fails with "ibv_reg_mr_iova2 failed
+# with error Cannot allocate memory" while `ulimit -l` showed 8192 until limits.conf was raised:
+# https://github.com/NVIDIA/nccl-tests/issues/206. Docker gives a container 64 MiB (8 MiB on other
+# hosts) unless `--ulimit memlock=-1` (https://github.com/NVIDIA/cudf-spark/pull/7632): sparkbook
+# passes it itself, so there is nothing on the node to check (no preflight row).
+def test_sparkbooks_containers_get_an_unlimited_memlock():
+    from sparkbook.serving.containers import docker_run
+    params = params_with(runtime={"rdma": True})
+    run = docker_run(params, params.nodes[0], "sparkbook-lab-x", ["true"])
+    assert run[run.index("--ulimit") + 1] == "memlock=-1"

@@ -120,7 +120,7 @@ def test_other_ids_whose_content_was_not_read_differ_unless_a_registry_digest_is
     assert same_image(None, found) == (False, "absent")
 
 
-@pytest.mark.parametrize("name, args", [("image_survey.sh", ["img"]), ("runtime_state.sh", ["docker", "img"]),
+@pytest.mark.parametrize("name, args", [("image_survey.sh", ["img"]), ("runtime_state.sh", ["img"]),
                                         ("serving_state.sh", ["sparkbook=lab", "fp", "img"])])
 def test_every_node_script_reads_the_image_with_the_format_it_is_given(tmp_path, name, args):
     """One `docker image inspect` of the image, with the format passed as the last argument (a
@@ -146,8 +146,7 @@ def test_sparkbook_passes_the_one_format_to_every_node_script():
     from sparkbook.preflight.collect import node_bundle
     params = load(LAB)
     assert image.survey_script("img").args == ("img", INSPECT_FORMAT)
-    assert dict(node_bundle(params, params.head).parts)["runtime"].args == ("docker", params.runtime.image,
-                                                                            INSPECT_FORMAT)
+    assert dict(node_bundle(params, params.head).parts)["runtime"].args == (params.runtime.image, INSPECT_FORMAT)
     sent = []
     state.node_states(params, SimpleNamespace(run=lambda s, *a, **k: sent.append(s) or {}))
     assert [s.name for s in sent] == ["serving_state.sh"] and sent[0].args[-2:] == (params.runtime.image, INSPECT_FORMAT)

@@ -19,7 +19,8 @@ from sparkbook.distribution.identity import INSPECT_FORMAT
 from sparkbook.lab import faults
 from sparkbook.params import validate
 from sparkbook.preflight import tcp
-from sparkbook.preflight.collect import STALE, node_bundle, parse
+from sparkbook.preflight import nodes as node_checks
+from sparkbook.preflight.collect import STALE, clock_skews, node_bundle, parse
 from sparkbook.preflight.layout import MIXED, PAIR, RING, SWITCH, classify
 from sparkbook.remote import Cluster, Result
 from sparkbook.scripts import tcp_ports
@@ -56,7 +57,7 @@ def test_each_node_gets_one_bundle_its_values_as_arguments():
     # each rail to the peer's same rail, MTU 9000 less the IPv4 and ICMP headers
     assert part["ping"].args == ("8972", "enp1s0f1np1", "10.77.1.12", "enP2p1s0f1np1", "10.77.2.12")
     assert part["in-use"].args == (STALE,)
-    assert part["runtime"].args == ("docker", "sparkbook-lab/vllm-cpu:latest", INSPECT_FORMAT)
+    assert part["runtime"].args == ("sparkbook-lab/vllm-cpu:latest", INSPECT_FORMAT)
     assert part["model"].args[:2] == (path, "config")
     name, target, port, sep, ssh, *options = part["peers-ssh"].args
     assert (name, target, port, sep, ssh) == ("spark-2", "root@10.77.1.12", "22", "--", "ssh")
@@ -468,3 +469,35 @@ def test_a_workers_extra_model_files_are_a_warning_not_a_difference():
     assert got[("model", "spark-2")].status == "PASS"
     extra = got[("model extras", "spark-2")]
     assert extra.status == "WARN" and "other/model.safetensors" in extra.observed and "delete_extras" in extra.remedy
+
+
+class SlowOnce:
+    """A cluster whose clock reads take 3 s once (a stalled channel on a busy machine) and 10 ms
+    else; the node's clock is ``skew`` s ahead of this machine's."""
+
+    def __init__(self, skew: float, slow_reads: int = 1):
+        self.skew, self.slow, self.reads = skew, slow_reads, 0
+
+    def run(self, command, names, timeout):
+        self.reads += 1
+        took = 3.0 if self.reads <= self.slow else 0.01
+        # the node read its clock at the start of the slow round trip: half of it off the midpoint
+        return {n: Result(n, str(command), 0, stdout=f"{1000.0 + self.skew:.6f}\n", started=1000.0,
+                          duration=took) for n in names}
+
+
+def test_one_slow_clock_read_makes_no_skew_and_an_uncertain_one_only_warns():
+    params = lab_params()
+    skew, error = clock_skews(SlowOnce(0.0), ["spark-1"])["spark-1"]
+    assert abs(skew) < 0.01 and error == 0.005  # the shortest of the round trips decides
+    pf = preflight.Preflight({"spark-1": {"skew_s": 0.0, "skew_error_s": 0.005}}, {}, {"spark-1": "head"})
+    row = next(c for c in node_checks.clocks(params, pf))
+    assert row.status == PASS and row.observed == "+0.000 s ± 0.005 against this machine (the shortest of 5 round trips)"
+    # every read slow: 2.5 s could be 1 s, so not a FAIL, and said
+    skew, error = clock_skews(SlowOnce(2.5, slow_reads=5), ["spark-1"])["spark-1"]
+    assert error == 1.5
+    pf.nodes["spark-1"].update(skew_s=skew, skew_error_s=error)
+    row = next(c for c in node_checks.clocks(params, pf))
+    assert row.status == WARN and "too slow to judge it" in row.observed
+    pf.nodes["spark-1"].update(skew_s=5.0, skew_error_s=0.005)  # the clock fault's 5 s, read quickly
+    assert next(c for c in node_checks.clocks(params, pf)).status == FAIL

@@ -57,6 +57,14 @@ def test_outside_a_kernel_lines_are_printed_when_they_change_at_most_every_inter
     assert capsys.readouterr().out == "copy\n  spark-2: 30%\n" * 2
 
 
+def test_the_first_line_shows_on_a_machine_up_for_less_than_the_interval(capsys, monkeypatch):
+    """time.monotonic() counts from boot: a fresh CI machine may be up for seconds only."""
+    monkeypatch.setattr(progress, "_in_notebook", lambda: False)
+    monkeypatch.setattr(progress.time, "monotonic", lambda: 5.0)  # booted 5 s ago
+    Progress("copy").update("spark-2", "10%")
+    assert capsys.readouterr().out == "copy\n  spark-2: 10%\n"
+
+
 def test_a_change_held_back_by_the_interval_shows_with_the_next_update_past_it(capsys, monkeypatch):
     """A loop that reports the same line again (a wait) shows the change it made within the
     interval once the interval is over: a stalled phase is not left unseen."""

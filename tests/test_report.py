@@ -128,6 +128,15 @@ def test_the_json_keeps_every_check_and_reads_back(preflight8, tmp_path):
     assert again == preflight8 and again.to_text() == preflight8.to_text()
 
 
+def test_a_verdict_that_checked_nothing_reads_skip_not_pass():
+    skipped = Verdict("06 smoke test", [Check("reasoning", "api", SKIP, "no reasoning parser"),
+                                        Check("soak", "api", SKIP, "smoke.soak_s is 0")])
+    assert skipped.status == SKIP and skipped.headline() == "06 smoke test: SKIP (2 SKIP): nothing was checked"
+    assert Verdict("t").status == SKIP and Verdict("t").headline() == "t: SKIP (no checks): nothing was checked"
+    skipped.raise_for_failures()  # nothing failed either: the cell goes on
+    assert skipped.add(Check("model listed", "api", PASS)).status == PASS
+
+
 def test_one_or_two_nodes_keep_the_full_table():
     checks = [Check("gpu", "a", PASS, "1 x GB10"), Check("gpu", "b", FAIL, "none", "1 x GB10", "fix it"),
               Check("same os", "all", PASS, "a: x / b: x")]

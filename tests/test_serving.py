@@ -27,7 +27,7 @@ from sparkbook.serving.state import node_states
 from sparkbook.serving.teardown import teardown
 from sparkbook.shell import command_line
 from sparkbook.steps import serve as serve_step
-from sparkbook.verdict import FAIL
+from sparkbook.verdict import FAIL, PASS, SKIP
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIR = ROOT / "parameters" / "dgx-spark-pair.yaml"
@@ -203,6 +203,15 @@ def test_what_was_read_with_the_platform_stubbed_warns_but_never_fails():
     assert rows["options read with the platform stubbed"] == why
 
 
+def test_an_image_absent_from_the_head_or_without_vllm_fails_alone():
+    p = load(PAIR)
+    absent = image_checks(p, ImageInfo("img", errors={"image": "Error: No such image: img"}))
+    assert [(c.check, c.status) for c in absent] == [("image", FAIL)] and "03_distribute_image" in absent[0].remedy
+    why = "ModuleNotFoundError: No module named 'vllm'"
+    bare = image_checks(p, ImageInfo("img", "sha256:1", errors={"inspect": why}))
+    assert [(c.check, c.status, c.observed) for c in bare] == [("vLLM in the image", FAIL, why)]
+
+
 # ------------------------------------------------------------- the node scripts, with a fake docker
 
 def fake_tools(tmp_path, monkeypatch, **tools):
@@ -327,19 +336,39 @@ def test_a_stall_is_called_when_no_node_moves_naming_the_node_furthest_behind():
                              "b": reading(1.0 + t)}, now=t) is None
     # b freezes at 190 (no CPU), a logs once more at 200 then waits on it: called 60 s after a's last move
     assert watch.update({"a": reading(1.0, "Loading weights took 3 s"), "b": reading(190.0)}, now=200) is None
+    assert watch.update({"a": reading(1.0, "Loading weights took 3 s"), "b": reading(190.0)}, now=230) is None
     assert watch.update({"a": reading(1.0, "Loading weights took 3 s"), "b": reading(190.0)}, now=259) is None
     stall = watch.update({"a": reading(1.01, "Loading weights took 3 s"), "b": reading(190.0)}, now=261)
     assert stall is not None and stall.node == "b" and stall.quiet_s == pytest.approx(61)
+    assert stall.readings == 3 and "for 61 s (3 readings); b is furthest behind" in stall.summary
     assert stall.phase == "weights" and "disk" in stall.cause  # b's log is silent: the phase a reached
+    row = next(c for c in serve_step.checks(lab_like(), deploy.Deployment(stall=stall)) if c.check == "startup progress")
+    assert (row.node, row.status) == ("b", FAIL) and row.observed.startswith(stall.summary) and row.remedy
     assert watch.phases == {"a": "weights", "b": ""}
     # lines that only say vLLM waits (a placement group that never fits) are no progress
     ray = startup.StallWatch(timeout=60)
     waiting = "(EngineCore pid=1) INFO [ray_utils.py:467] Waiting for creating a placement group of specs for {} seconds."
     assert ray.update({"a": reading(5.0, "No current placement group found.")}, now=0) is None
     assert ray.update({"a": reading(5.0, "No current placement group found.", waiting.format(10))}, now=10) is None
+    assert ray.update({"a": reading(5.0, "No current placement group found.", waiting.format(10),
+                                    waiting.format(30))}, now=40) is None
     stall = ray.update({"a": reading(5.0, "No current placement group found.", waiting.format(10),
                                      waiting.format(30), waiting.format(70))}, now=70)
     assert stall is not None and stall.phase == "ray" and "04_ray_cluster" in stall.cause
+
+
+def test_one_late_reading_after_a_long_gap_is_no_stall():
+    """This machine too busy to poll for 90 s (a neighbour, a swap storm): the first reading after
+    the gap sees no progress, but a stall needs three readings that saw none."""
+    still = startup.NodeProgress("running", 1.0, ["Loading weights took 3 s"])
+    watch = startup.StallWatch(timeout=60)
+    assert watch.update({"a": still}, now=0) is None
+    assert watch.update({"a": still}, now=90) is None and watch.update({"a": still}, now=93) is None
+    moved = startup.NodeProgress("running", 1.0, ["Loading weights took 3 s", "KV cache size: 9 tokens"])
+    assert watch.update({"a": moved}, now=96) is None  # it was working all along
+    for t in (150, 153):
+        assert watch.update({"a": moved}, now=t) is None
+    assert watch.update({"a": moved}, now=157).readings == 3
 
 
 def test_among_nodes_in_one_phase_the_stall_names_the_one_whose_vllm_stopped_using_cpu():
@@ -370,6 +399,9 @@ def test_ray_containers_outlive_serving_changes_and_vllm_serve_carries_its_finge
     # process whose command line holds the pattern, with the environment `docker exec -e` gives
     mark = f"sparkbook-test-serve-{os.getpid()}"
     monkeypatch.setattr(deploy, "SERVE_PATTERN", f"[{mark[0]}]{mark[1:]}")
+    # the engine's too: this "container" is this machine, where a lab's real vLLM engines may run
+    # (remove_serving's `pkill -9 -f SERVE|ENGINE` killed a lab deployment's EngineCore once)
+    monkeypatch.setattr(deploy, "ENGINE_PATTERN", f"[{mark[0]}]{mark[1:]}-engine")
     fake_tools(tmp_path, monkeypatch, docker='[ "$1" = exec ] && shift 2 && exec "$@"\n')
     local = local_params("ray")
     cluster = Cluster.from_params(local)
@@ -682,6 +714,29 @@ def test_the_listeners_are_read_inside_this_deployments_containers(docker_of, mo
     assert {li.container for li in found} == {"sparkbook-localhost-vllm"}  # not the other deployment's
     assert "HF_TOKEN" in held["this-machine"]  # named, never its value
     assert "sparkbook-other-vllm" not in docker_of.calls.read_text().split("docker exec")[-1]
+
+
+def test_the_secrets_the_containers_hold_are_judged_against_the_parameters(monkeypatch):
+    """05's row "secrets in the containers": the names the parameters give each serving node's
+    containers (Ray executor: the head's Ray container also runs vllm serve with the API key; a
+    secret written in serving.env too), held by some process of them, or the missing one named."""
+    from sparkbook.serving.listeners import secret_checks
+    monkeypatch.setenv("HF_TOKEN", CANARY)
+    monkeypatch.setenv("SBK_TEST_API_KEY", "sk-sparkbook-held-key-0123456789")
+    p = lab_like(api_key_env="SBK_TEST_API_KEY", env={"WANDB_API_KEY": "wandb-secret-0123456789"})
+    head, worker = p.nodes[0], p.nodes[1]
+    assert commands.held_secrets(p, head) == ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "RAY_AUTH_TOKEN",
+                                              "VLLM_API_KEY", "WANDB_API_KEY"]
+    assert "VLLM_API_KEY" not in commands.held_secrets(p, worker)
+    held = {head.name: commands.held_secrets(p, head), worker.name: ["HF_TOKEN", "RAY_AUTH_TOKEN"]}
+    rows = {c.node: c for c in secret_checks(p, held)}
+    assert rows[head.name].status == PASS and rows[head.name].observed == "all 5 held"
+    bad = rows[worker.name]
+    assert bad.status == FAIL and bad.observed.startswith("missing: HUGGING_FACE_HUB_TOKEN, WANDB_API_KEY")
+    assert "08_teardown" in bad.remedy and "clean environment" in bad.remedy
+    monkeypatch.delenv("HF_TOKEN")
+    mp = lab_like(executor="mp")
+    assert [c.status for c in secret_checks(mp, {"spark-1": [], "spark-2": []})] == [SKIP, SKIP]
 
 
 def test_bound_addresses_fail_where_sparkbook_chose_and_warn_where_nothing_offers_a_choice():

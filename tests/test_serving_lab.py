@@ -1,7 +1,8 @@
-"""Serving (04, 05, 08) on the lab. The Ray executor, the reference deployment's path: 04 forms a
-Ray cluster, 05 serves TP 2 with vLLM's workers as Ray actors on both nodes, a rerun keeps it, a
-serving change restarts only vllm serve, a crash of vllm serve ends the wait at once, 08 leaves
-nothing. The mp executor: TP 2 across both nodes (twice: the second run changes nothing), a worker
+"""Serving (04, 05, 08) on the lab. The Ray executor, the reference deployment's path, served once
+for the module's Ray tests: 04 forms a Ray cluster, 05 serves TP 2 with vLLM's workers as Ray actors
+on both nodes, a rerun keeps it, a serving change restarts only vllm serve, a server throttled
+halfway through 06's soak fails its drift, a crash of vllm serve ends the wait at once, 08 leaves
+nothing; a frozen rank is called a stall. The mp executor: TP 2 across both nodes (twice: the second run changes nothing), a worker
 killed during start-up and a busy port fail 05 naming the node and the cause."""
 
 import json
@@ -28,7 +29,7 @@ from sparkbook.serving.ray import form_ray_cluster
 from sparkbook.serving.state import node_states
 from sparkbook.serving.teardown import teardown
 from sparkbook.steps import serve as serve_step
-from sparkbook.verdict import FAIL
+from sparkbook.verdict import FAIL, PASS, WARN
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = ROOT / "parameters" / "lab.yaml"
@@ -76,10 +77,19 @@ def container_ids(lab, name):
     return [docker(n, "inspect", "--format", "{{.Id}}", name, check=False).stdout.strip() for n in lab.nodes()]
 
 
-def test_ray_path_serves_keeps_restarts_only_vllm_names_a_crash_and_leaves_nothing(lab, params, cluster, tmp_path):
-    assert params.serving.executor == "ray"
-    summary = run(LAB, steps="03,04,05", out=tmp_path / "first", report=False)
+@pytest.fixture(scope="module")
+def ray_served(lab, tmp_path_factory):
+    """The reference path on the lab, served once for the module's Ray tests (03, 04, 05): they
+    read it, change only vllm serve, throttle it, and the last one crashes it and tears it down."""
+    out = tmp_path_factory.mktemp("ray-served")
+    summary = run(LAB, steps="03,04,05", out=out / "first", report=False)
     assert summary["status"] == "passed", summary
+    return out
+
+
+def test_ray_path_serves_keeps_and_restarts_only_vllm(lab, params, ray_served):
+    assert params.serving.executor == "ray"
+    tmp_path = ray_served
     serving = json.loads((tmp_path / "first" / "serving.json").read_text())
     # vLLM's workers are Ray actors, one on each node: the Ray executor really serves across them
     assert serving["executor"] == "ray" and serving["ray_workers"] == {"spark-1": 1, "spark-2": 1}, serving
@@ -93,6 +103,10 @@ def test_ray_path_serves_keeps_restarts_only_vllm_names_a_crash_and_leaves_nothi
         checks = json.loads((tmp_path / "first" / "verdicts" / f"{step}.json").read_text())["checks"]
         assert {c["node"] for c in checks if c["check"] == "bound addresses"} == {"spark-1", "spark-2"}, step
         assert not [c for c in checks if c["check"] == "bound addresses" and c["status"] == "FAIL"], checks
+    # the secrets the parameters give them (Ray's token here), held by the containers' processes
+    served = json.loads((tmp_path / "first" / "verdicts" / "05_serve.json").read_text())["checks"]
+    assert {(c["node"], c["status"]) for c in served if c["check"] == "secrets in the containers"} == {
+        ("spark-1", "PASS"), ("spark-2", "PASS")}, served
     ray_checks = json.loads((tmp_path / "first" / "verdicts" / "04_ray_cluster.json").read_text())["checks"]
     assert [c["status"] for c in ray_checks if c["check"] == "Ray token authentication"] == ["PASS"], ray_checks
     chat = _post(f"{params.endpoint}/v1/chat/completions", {
@@ -111,8 +125,48 @@ def test_ray_path_serves_keeps_restarts_only_vllm_names_a_crash_and_leaves_nothi
     assert json.loads((tmp_path / "changed" / "serving.json").read_text())["action"] == "restarted"
     assert container_ids(lab, LAB_RAY) == ray_ids
 
-    # vllm serve dies during start-up inside a live Ray container: the wait ends at once, named,
-    # and nothing of it is left holding the Ray workers' GPUs
+
+def test_a_server_throttled_halfway_through_the_soak_fails_06s_drift(lab, params, ray_served):
+    """06's soak on the served lab: passes (or at worst warns) as it is, on this busy machine; with
+    the worker's vLLM held to a fraction of a core from a quarter of the soak on (the cpu-quota fault),
+    the drift fails 06, by the median and the rank test."""
+    from sparkbook import burnin
+    from sparkbook.settings import Smoke
+    from sparkbook.steps import smoke as smoke_step
+    from sparkbook.verdict import Verdict
+    soak = Smoke(**{**params.smoke.model_dump(), "requests": 1, "soak_s": 24.0})
+
+    def burn(s=soak):
+        b = burnin.run(params.endpoint, params.served_model, s, progress=False, say=lambda *_: None)
+        return {c.check: c for c in burnin.checks(b)}
+
+    calm = burn()
+    print("calm:", calm["soak drift"].observed)
+    assert calm["soak"].status == PASS and calm["soak drift"].status in (PASS, WARN), calm["soak drift"]
+    # from a quarter of the way on: the later requests, slower, are then fewer, and the last third
+    # of the soak's requests (by sending order) must be throttled ones
+    timer = threading.Timer(soak.soak_s / 4, faults.apply, (lab, "cpu-quota", "spark-2"))
+    timer.start()
+    try:
+        throttled = burn()
+    finally:
+        timer.join()
+        faults.heal(lab, "cpu-quota")
+    drift = throttled["soak drift"]
+    print("throttled:", drift.observed)
+    assert drift.status == FAIL and "throttling" in drift.remedy, drift.observed
+    with pytest.raises(CheckFailed, match="soak drift"):
+        Verdict(smoke_step.TITLE, list(throttled.values())).raise_for_failures()
+    # healed: the server runs at its own speed again
+    assert burn(soak.model_copy(update={"soak_s": 8.0}))["soak drift"].status in (PASS, WARN)
+
+
+def test_a_crash_of_vllm_serve_ends_the_wait_at_once_and_08_leaves_nothing(lab, params, cluster, ray_served):
+    """vllm serve dies during start-up inside a live Ray container: the wait ends at once, named,
+    and nothing of it is left holding the Ray workers' GPUs; then 08 removes the deployment (a new
+    start in the same Ray cluster can wait on the crashed one's placement group for minutes)."""
+    tmp_path = ray_served
+    ray_ids = container_ids(lab, LAB_RAY)
     deploy.remove_serving(params, cluster)
     head = lab.nodes()[0]
     box = {}
@@ -136,17 +190,12 @@ def test_ray_path_serves_keeps_restarts_only_vllm_names_a_crash_and_leaves_nothi
     nothing_left(params, cluster)
 
 
-def _post(url, data, timeout=60):
-    req = urllib.request.Request(url, json.dumps(data).encode(), {"Content-Type": "application/json"})
-    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=timeout) as r:
-        return json.loads(r.read())
-
-
 def test_a_rank_that_hangs_is_called_a_stall_within_stall_timeout(lab, params, cluster, tmp_path):
     """The reference deployment's NCCL initialisation hang, as the lab can make it: vLLM's processes
-    on the worker frozen once they started. Called within serving.stall_timeout (not the start-up
-    limit), naming the node and the phase; every node's logs saved, nothing left running."""
+    on the worker frozen once they started. Called within serving.stall_timeout (30 s here, not the
+    start-up limit), naming the node and the phase; every node's logs saved, nothing left running."""
     assert run(LAB, steps="03,04", out=tmp_path, report=False)["status"] == "passed"
+    params = params.model_copy(update={"serving": params.serving.model_copy(update={"stall_timeout": 30})})
     worker = lab.nodes()[1]
     deploy.remove_serving(params, cluster)
     wait_for(lambda: not vllm_workers_on(worker), 30)
@@ -173,6 +222,12 @@ def test_a_rank_that_hangs_is_called_a_stall_within_stall_timeout(lab, params, c
     assert (tmp_path / "logs" / "spark-1" / "vllm-serve.log").stat().st_size > 0
     assert run(LAB, steps="08", out=tmp_path, report=False)["status"] == "passed"
     nothing_left(params, cluster)
+
+
+def _post(url, data, timeout=60):
+    req = urllib.request.Request(url, json.dumps(data).encode(), {"Content-Type": "application/json"})
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=timeout) as r:
+        return json.loads(r.read())
 
 
 def test_inspection_of_an_image_whose_engine_needs_a_gpu_reads_what_it_can_and_fails_nothing(

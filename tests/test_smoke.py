@@ -39,7 +39,8 @@ def test_healthy_server_passes_every_check_and_says_what_it_sent():
     assert {c.status for n, c in r.items() if n != "reasoning"} == {PASS}
     assert r["reasoning"].status == SKIP
     assert all(c.node == "api" and c.command for n, c in r.items() if n != "reasoning")
-    assert "stopped at 'e'" in r["stop"].observed
+    assert "stopped at 'e' (finish stop, stop_reason 'e'); without stop the same request wrote it at " \
+        "character" in r["stop"].observed
     assert "404" in r["unknown model"].observed
     for name in ("tool call (auto)", "tool call (required)"):
         assert json.loads(r[name].observed.removeprefix("get_weather(").split(")")[0]) == \
@@ -174,6 +175,24 @@ def test_ignored_max_tokens_and_stop_fail():
     assert r["stop"].status == FAIL and "'e' in the output" in r["stop"].observed
 
 
+def test_a_stop_is_proved_only_against_a_reference_that_writes_it():
+    """A model that never writes 'e' shows no 'e' with or without the stop: nothing is proved
+    (WARN). A proxy that deletes the stop string instead of stopping at it hides it from the text;
+    the answer then ends at the model's end of sequence, and vLLM's stop_reason (null, not the
+    string) gives it away (FAIL)."""
+    with FakeOpenAI(words=("cat", "sat", "on", "a", "mat")) as server:
+        r = check(server)
+    assert r["stop"].status == WARN and "inconclusive: the same request without stop wrote no 'e'" \
+        in r["stop"].observed
+    with FakeOpenAI(strip_stop=True) as server:
+        r = check(server)
+    assert r["stop"].status == FAIL and "finish stop, stop_reason None" in r["stop"].observed, r["stop"]
+    assert "was not ended by 'e', which the same request without stop wrote at character" in r["stop"].observed
+    sent_stop = [b for b in server.requests if b.get("max_tokens") == 64 and "tools" not in b]
+    assert [b.get("stop") for b in sent_stop[-2:]] == [None, ["e"]]
+    assert {b["temperature"] for b in sent_stop[-2:]} == {0}
+
+
 def test_unknown_model_that_hangs_fails_within_the_timeout():
     with FakeOpenAI(hang_unknown_model=5) as server:
         r = rows(smoke.run(server.url, "fake-model", timeout=1))
@@ -220,7 +239,7 @@ def test_the_step_runs_and_concludes_with_the_parameters_of_serving(tmp_path):
         outcome = ctx.run(timeout=5, reasoning_budget=512)
     table = step.table(outcome)
     requests = [row[1] for row in table.rows]
-    assert "POST /v1/chat/completions: stop ['e'], max_tokens 64" in requests
+    assert "POST /v1/chat/completions x2: temperature 0, max_tokens 64, without then with stop ['e']" in requests
     assert "POST /v1/chat/completions: tools [get_weather], tool_choice auto, max_tokens 512, thinking off" \
         in requests
     verdict = ctx.verdict(outcome)

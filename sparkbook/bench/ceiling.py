@@ -197,7 +197,8 @@ def _judge(c: dict[str, Any], lv: LevelResult, node: str) -> Check:
     top, got = tok_s(c, ctx), float(lv.decode_tok_s or 0)
     spread = [r.decode_tok_s for r in lv.requests if r.ok and r.decode_tok_s]
     p90 = f", p90 {np.percentile(spread, 90):.1f}" if len(spread) > 1 else ""
-    observed = f"{got:.1f} decode tok/s (median{p90}) = {got / top:.0%} of the ceiling {top:.1f} tok/s"
+    observed = (f"{got:.1f} decode tok/s (median of {len(spread)} request(s){p90}) = {got / top:.0%} of "
+                f"the ceiling {top:.1f} tok/s")
     expected = (f"≤ {c['tensor_parallel_size']} × {c['bandwidth_gbs']:g} GB/s ÷ ({c['weight_bytes'] / 1e9:.2f} GB "
                 f"weights + {c['kv_bytes_per_token'] * ctx / 1e9:.2f} GB KV at {ctx:.0f} tokens), ≥ {LOW:.0%} of it")
     name = f"plausibility {lv.label}"

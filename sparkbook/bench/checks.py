@@ -45,7 +45,8 @@ def checks(results: Results, references: Sequence[Reference] = (), node: str = "
     v.append(Check("load generator", "client", WARN if bound else PASS,
                    "; ".join(f"{lv.label}: {lv.client_note}" for lv in bound) or
                    f"at most {max((lv.client_cpu_frac for lv in results.levels), default=0):.0%} of a core",
-                   f"client CPU under {CLIENT_CPU_LIMIT:.0%} of a core, lateness p99 under {LATE_LIMIT_MS:g} ms",
+                   f"client CPU under {CLIENT_CPU_LIMIT:.0%} of a core, lateness p99 under {LATE_LIMIT_MS:g} ms "
+                   "(at most the second-latest sample: one stall is no bottleneck); advisory",
                    "the client, not the server, limited these levels: run the benchmark from a less "
                    "loaded machine or with fewer levels at once" if bound else ""))
     one = results.single_user()

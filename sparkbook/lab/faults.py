@@ -26,6 +26,10 @@ Spark; `heal` undoes it. Applied faults are kept in lab.json.
 - throttle     the node's GPU held at 513 MHz by a power brake (HW Slowdown, HW Power Brake
                Slowdown Active in the simulated `nvidia-smi -q`), as a Spark on a bad USB-C power
                negotiation reports it
+- cpu-quota    the node's running vLLM containers held to 0.15 of a core (`docker update
+               --cpus`): a server that really slows while it serves, as a GPU held down by heat or
+               power mid-run does (the lab's vLLM runs on the CPU); apply it once 05 has started
+               vLLM, e.g. halfway through 06's soak
 """
 
 from __future__ import annotations
@@ -129,6 +133,15 @@ def apply(lab: Lab, kind: str, node: str | None = None, port: int | None = None,
         if not rec["pids"]:
             raise LabError(f"{target.name}: no vLLM process to freeze (apply `stall` once 05 has started vLLM)")
         lab.node_sh(target, shlex.join(["kill", "-STOP", *map(str, rec["pids"])]))
+    elif kind == "cpu-quota":  # each container's own limit kept, to give back
+        rec["containers"] = {}
+        for name in (container_name(params, False), container_name(params, True)):
+            r = docker(target, "inspect", "--format", "{{.HostConfig.NanoCpus}}", name, check=False)
+            if r.returncode == 0:
+                docker(target, "update", "--cpus", str(QUOTA_CPUS), name)
+                rec["containers"][name] = int(r.stdout.strip() or 0)
+        if not rec["containers"]:
+            raise LabError(f"{target.name}: no vLLM container to slow (apply `cpu-quota` once 05 has started vLLM)")
     elif kind == "firewall":
         rec["port"] = port or params.ports.ray
         for ifname in RAIL_NAMES:
@@ -210,6 +223,9 @@ def _undo(lab: Lab, rec: dict) -> None:
     elif kind == "firewall":  # exactly the rules added (one each), if they are still there
         for ifname in RAIL_NAMES:
             sh("ip", "netns", "exec", ns, "iptables", "-D", "INPUT", *_firewall_rule(ifname, rec["port"]), check=False)
+    elif kind == "cpu-quota":  # those that still exist, back to their own limit (0: none)
+        for name, nano in rec["containers"].items():
+            docker(node, "update", "--cpus", f"{nano / 1e9:g}" if nano else UNLIMITED_CPUS, name, check=False)
     elif kind == "stall":  # those that still exist (05 may have removed their container)
         lab.node_sh(node, shlex.join(["kill", "-CONT", *map(str, rec["pids"])]) + " 2>/dev/null", check=False)
 
@@ -237,6 +253,11 @@ def _firewall_rule(ifname: str, port: int) -> list[str]:
             "sparkbook-lab firewall", "-j", "DROP"]
 
 
+# Of a core: the cpu-quota fault's. Measured on the worker of the lab's TP 2 (2026-12-01): 0.25
+# slowed it 1.6x, 0.05 some 12x (so few requests then finish that a soak's last third is mostly
+# of requests sent before the fault); 0.15 aims at the 3-6x a throttled GPU shows.
+QUOTA_CPUS = 0.15
+UNLIMITED_CPUS = "0"  # `docker update --cpus 0` lifts the limit
 # What vLLM's engine process calls itself (setproctitle); nvidia-smi lists it so on a Spark.
 STALE_NAME = "VLLM::EngineCore"
 # Faults made by a simulated tool (sparkbook/lab/simhw.py) on the node's PATH while they hold:

@@ -63,12 +63,12 @@ class NodeReport(TypedDict):
     processes: list[str]  # "PID COMMAND LINE" of possibly stale processes
     containers: list[list[str]]  # [name, image, status]
     image: dict | None  # the parameters' image: identity.py's fields of `docker image inspect`; None: absent
-    venv: str | None  # vllm's version in the venv, or the error's last line
     model: Manifest | None  # None: the model's folder is absent
     peers_ssh: dict[str, tuple[str, bool]]  # peer -> (target, answered): see ssh_peers
     skew_s: float | None  # clock against this machine's
+    skew_error_s: float | None  # how far off skew_s can be: half the round trip it was read in
     tcp: tcp.TcpReport | None  # the serving ports probed from this node; None: not probed
-    host: HostState | None  # GPU clocks, memlock, swap, rail firmware; None: not reported
+    host: HostState | None  # GPU clocks, memlock (for the bug report), swap, rail firmware; None: not reported
     memory: memfit.MemReport  # meminfo, GPU memory; on the head the model's size and config
 
 
@@ -106,10 +106,7 @@ def node_bundle(params: Params, node: Node) -> Bundle:
     # subnet (a peer's same rail on a switch or a direct pair; the cable's other end in a ring).
     pings = [a for rail in node.rails for net in [rail.network] for peer in peers for pr in peer.rails
              if pr.ip in net for a in (rail.interface, pr.ip)]
-    if params.runtime.kind == "docker":
-        runtime = script("runtime_state.sh", "docker", params.runtime.image, identity.INSPECT_FORMAT)
-    else:
-        runtime = script("runtime_state.sh", "venv", params.runtime.venv)
+    runtime = script("runtime_state.sh", params.runtime.image, identity.INSPECT_FORMAT)
     parts = [("inventory", inventory.node_script(params)),
              ("hardware", script("hardware.sh", *(r.interface for r in node.rails))),
              ("ping", script("path_mtu.sh", params.expectations.mtu - 28, *pings)),
@@ -168,15 +165,38 @@ def parse(stdout: str) -> NodeReport:
         "processes": [ln.strip() for ln in s.get("processes", "").splitlines() if ln.strip()],
         "containers": [ln.split("\t") for ln in s.get("containers", "").splitlines() if ln.strip()],
         "image": identity.parse(s.get("image", "")),
-        "venv": s.get("venv"),
         "model": parse_manifest(s.get("model", "absent")),
         "peers_ssh": {p[0]: (p[1], p[2] == "0") for p in (ln.split() for ln in s.get("peers-ssh", "").splitlines())
                       if len(p) == 3},
         "skew_s": None,
+        "skew_error_s": None,
         "tcp": None,
         "host": parse_host_state(s),
         "memory": memfit.parse(s),
     }
+
+
+CLOCK_READS = 5  # round trips per node: the shortest decides (NTP's minimum-delay filter)
+
+
+def clock_skews(cluster: Cluster, names: list[str]) -> dict[str, tuple[float | None, float | None]]:
+    """Each node's clock against this machine's, and how far off that can be, by name.
+
+    Once the connections are open, a bare `date` costs one short round trip; the node read its
+    clock somewhere inside it, so the skew is known to within half the round trip. On a busy
+    machine one round trip can take a second (a thread that started late, a stalled SSH
+    channel), so the clock is read :data:`CLOCK_READS` times and the shortest round trip is kept:
+    one slow read cannot make a skew. Each round trip is timed from its own start."""
+    best: dict[str, tuple[float, float]] = {}
+    for _ in range(CLOCK_READS):
+        for name, r in cluster.run(["date", "+%s.%N"], names, timeout=10).items():
+            try:
+                skew = float(r.stdout) - (r.started + r.duration / 2)
+            except ValueError:
+                continue
+            if name not in best or r.duration / 2 < best[name][1]:
+                best[name] = (skew, r.duration / 2)
+    return {n: best.get(n, (None, None)) for n in names}
 
 
 def gather(params: Params, cluster: Cluster) -> Preflight:
@@ -187,15 +207,8 @@ def gather(params: Params, cluster: Cluster) -> Preflight:
                           env={"LC_ALL": "C"})
     nodes = {n.name: parse(results[n.name].stdout) for n in params.nodes if results[n.name].error is None}
     errors = {n.name: results[n.name].error or "" for n in params.nodes if results[n.name].error is not None}
-    # Clock skew: once the connections are open, a bare `date` costs one short round trip; the
-    # node read its clock at about the middle of it. Each node's round trip is timed from its own
-    # start: on a loaded machine the fan-out's threads start late, which is no skew.
-    clocks = cluster.run(["date", "+%s.%N"], list(nodes), timeout=10)
-    for name, r in clocks.items():
-        try:
-            nodes[name]["skew_s"] = float(r.stdout) - (r.started + r.duration / 2)
-        except ValueError:
-            nodes[name]["skew_s"] = None
+    for name, (skew, error) in clock_skews(cluster, list(nodes)).items():
+        nodes[name]["skew_s"], nodes[name]["skew_error_s"] = skew, error
     up = [n for n in params.nodes if n.name in nodes]
     layout = classify(params)
     if len(up) > 1 and layout.kind != RING:

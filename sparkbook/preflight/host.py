@@ -1,7 +1,8 @@
 """Preflight checks of each host's health, the faults Spark owners report as "a software bug"
 until they look here: the NVIDIA driver and the ConnectX-7 firmware (the same on every node, within
 ``expectations.driver`` / ``expectations.firmware``), GPU clocks held down by power or heat
-(``nvidia-smi -q``), the memlock limit RDMA needs, and swap in use before the launch.
+(``nvidia-smi -q``), and swap in use before the launch. (The unlimited memlock limit RDMA needs
+is not checked: sparkbook starts its containers with ``--ulimit memlock=-1`` itself.)
 What the node reports is parsed in :mod:`.host_state` (from ``scripts/host_state.sh``)."""
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ SWAP_WARN_KB = 1 << 20  # 1 GiB of swap in use before the launch: memory was sho
 def health(params: Params, pf: Preflight) -> Iterator[Check]:
     yield from versions(params, pf)
     yield from clocks(params, pf)
-    yield from memlock(params, pf)
     yield from swap(params, pf)
 
 
@@ -132,31 +132,6 @@ def clocks(params: Params, pf: Preflight) -> Iterator[Check]:
         yield Check("gpu clocks", node.name, status, "; ".join(o for _, o in rows),
                     "no HW slowdown, power brake, thermal slowdown or power cap",
                     "; ".join(dict.fromkeys(SLOWDOWNS[r][1] for r in said)), "nvidia-smi -q")
-
-
-# --------------------------------------------------------------------------------------- memlock
-
-def memlock(params: Params, pf: Preflight) -> Iterator[Check]:
-    """RDMA pins memory: NCCL over RoCE needs an unlimited memlock limit where it runs. sparkbook
-    starts its containers with ``--ulimit memlock=-1`` itself (with runtime.rdma or
-    runtime.privileged: serving/containers.py), so with Docker there is nothing on the node to
-    judge (one SKIP says so); a venv runtime runs as the SSH user, whose ``ulimit -l`` is judged."""
-    rt = params.runtime
-    if rt.kind == "docker":
-        given = "runtime.privileged" if rt.privileged else "runtime.rdma" if rt.rdma else None
-        yield Check("memlock", "all", SKIP, f"sparkbook runs its containers with --ulimit memlock=-1 ({given})"
-                    if given else "the containers get no RDMA devices (runtime.rdma: false)", "", "")
-        return
-    for node in pf.up(params):
-        host = pf.nodes[node.name].get("host")
-        if not host:
-            continue
-        limit = host["memlock"]
-        user = "unknown" if limit is None else "unlimited" if limit["soft"] == "unlimited" else f"{limit['soft']} KiB"
-        ok = user == "unlimited"
-        yield Check("memlock", node.name, PASS if ok else FAIL, f"SSH user: {user}", "unlimited",
-                    "" if ok else "let the user pin memory: `* soft memlock unlimited` and `* hard memlock "
-                    "unlimited` in /etc/security/limits.d/rdma.conf, then log in again", "ulimit -l")
 
 
 # ------------------------------------------------------------------------------------------ swap

@@ -4,12 +4,13 @@
 # node's sockets, and its own /proc maps them to its processes, whatever this SSH user may see of
 # root's processes on the node. One line per socket: "LISTEN CONTAINER ADDRESS PORT PROGRAM";
 # "LISTEN-ERROR CONTAINER WHY" for a container that could not be read (no python3 in it). Then
-# "SECRETS CONTAINER NAME,..." : which of sparkbook's secret variables some process of the container
-# holds in its environment (the names only, never a value: the proof that a secret reached it).
-# Usage: listeners.sh LABEL
-#   e.g. listeners.sh sparkbook=lab
+# "SECRETS CONTAINER NAME,..." : which of the variables NAME... some process of the container holds
+# in its environment (the names only, never a value: the proof that a secret reached it).
+# Usage: listeners.sh LABEL [NAME...]
+#   e.g. listeners.sh sparkbook=lab HF_TOKEN VLLM_API_KEY
 set -euo pipefail
 label=$1
+shift
 # /proc/net/tcp: local address as hex words in host byte order, state 0A = LISTEN, inode 10th
 program='import os, socket, sys
 found = {}
@@ -26,7 +27,7 @@ for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
         raw = bytes.fromhex(addr)
         raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
         found[f[9]] = (socket.inet_ntop(family, raw), int(port, 16))
-secrets = {"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "VLLM_API_KEY", "RAY_AUTH_TOKEN"}
+secrets = set(sys.argv[2:])
 held = set()
 for pid in sorted(filter(str.isdigit, os.listdir("/proc")), key=int):
     try:
@@ -50,5 +51,5 @@ for pid in sorted(filter(str.isdigit, os.listdir("/proc")), key=int):
 print("SECRETS", sys.argv[1], ",".join(sorted(held)) or "-")'
 docker ps --filter "label=$label" --format '{{.Names}}' 2>/dev/null |
   while read -r name; do
-    docker exec "$name" python3 -c "$program" "$name" 2>/dev/null || echo "LISTEN-ERROR $name cannot run python3 in it"
+    docker exec "$name" python3 -c "$program" "$name" "$@" 2>/dev/null || echo "LISTEN-ERROR $name cannot run python3 in it"
   done

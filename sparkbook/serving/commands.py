@@ -175,6 +175,17 @@ def secrets(params: Params, ray: bool, ray_token: str | None = None) -> dict[str
     return out
 
 
+def held_secrets(params: Params, node: Node) -> list[str]:
+    """The names of the secrets some process of ``node``'s serving containers must hold: those of
+    its container's secrets file and, on the head, vllm serve's (the Ray executor execs it in the
+    head's Ray container with its own file)."""
+    ray = params.serving.executor == "ray"
+    names = set(secrets(params, ray, "-" if ray else None))
+    if ray and node.name == params.head.name:
+        names |= set(secrets(params, False))
+    return sorted(names)
+
+
 def mounts(params: Params, node: Node) -> list[str]:
     logs = workdir.logs(params, node)
     out = [f"{params.model.path}:{params.model.path}:ro", f"{logs}:{logs}"]

@@ -18,8 +18,8 @@ from ..params import Params
 from ..remote import Cluster
 from ..shell import script
 from ..tables import Table
-from ..verdict import FAIL, PASS, WARN, Check
-from .commands import api_bind, beyond_loopback, wildcard
+from ..verdict import FAIL, PASS, SKIP, WARN, Check, run_step
+from .commands import api_bind, beyond_loopback, held_secrets, wildcard
 from .containers import deployment_label
 
 
@@ -37,11 +37,33 @@ def read_listeners(params: Params, cluster: Cluster, nodes=None) -> tuple[dict[s
     processes hold (the proof that the secrets file reached them; never a value)."""
     out: dict[str, list[Listener]] = {}
     held: dict[str, list[str]] = {}
-    for node, r in cluster.run(script("listeners.sh", deployment_label(params)), nodes, timeout=60).items():
+    bundle = lambda n: script("listeners.sh", deployment_label(params), *held_secrets(params, n))  # noqa: E731
+    for node, r in cluster.run(bundle, nodes, timeout=60).items():
         out[node] = parse(r.stdout)
         held[node] = sorted({name for line in r.stdout.splitlines() if line.startswith("SECRETS ")
                              for name in line.split()[-1].split(",") if name != "-"})
     return out, held
+
+
+def secret_checks(params: Params, held: dict[str, list[str]]) -> list[Check]:
+    """Per serving node: every secret the parameters give its containers (the Hugging Face token,
+    the API key, Ray's token, secrets written in ``serving.env``) is held by a process of them."""
+    by_name, out = {n.name: n for n in params.nodes}, []
+    for node, names in held.items():
+        want = held_secrets(params, by_name[node])
+        expected = "held by the containers' processes: " + (", ".join(want) or "none configured")
+        if not want:
+            out.append(Check("secrets in the containers", node, SKIP, "no secret to hold", expected))
+            continue
+        missing = [n for n in want if n not in names]
+        out.append(Check("secrets in the containers", node, FAIL if missing else PASS,
+                         f"missing: {', '.join(missing)} (held: {', '.join(names) or 'none'})" if missing
+                         else f"all {len(want)} held", expected,
+                         "the secrets file did not reach them: something in the image (its entrypoint, "
+                         "a wrapper) starts vLLM or Ray with a clean environment, or the deployment was "
+                         "started before the secret was set: " + run_step("08_teardown") + ", then 05"
+                         if missing else "", "listeners.sh (names only, read from /proc/PID/environ)"))
+    return out
 
 
 def parse(text: str) -> list[Listener]:

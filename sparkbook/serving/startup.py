@@ -25,6 +25,7 @@ TAIL_LINES = 40
 # CPU seconds per second of wall time above which vLLM's processes count as working: an idle
 # Python process polling its sockets stays well below it, a compile or a weight load far above.
 BUSY_CPU = 0.05
+MIN_QUIET_READS = 3  # readings without progress that a stall needs, however long the gap between them
 
 # The phases of a vLLM start-up, in order, each recognised by the log lines that begin it (vLLM
 # 0.1x's wording, and that of vLLM for CPU in the lab), with the likely cause of a hang in it.
@@ -157,13 +158,15 @@ class Stall:
     quiet_s: float   # how long no node made progress
     last_line: str
     cause: str
+    readings: int = 0  # readings of every node in the quiet span
 
     @property
     def summary(self) -> str:
         """``stalled in phase 'weights': no new log line and no CPU used by vLLM on any node for
         62 s; spark-2 is furthest behind``."""
         return (f"stalled in phase '{self.phase or 'start'}': no new log line and no CPU used by vLLM "
-                f"on any node for {self.quiet_s:.0f} s; {self.node} is furthest behind")
+                f"on any node for {self.quiet_s:.0f} s ({self.readings} readings); {self.node} is "
+                "furthest behind")
 
 
 @dataclass
@@ -176,6 +179,7 @@ class StallWatch:
     _moved: dict[str, float] = field(default_factory=dict)
     _seen: dict[str, float] = field(default_factory=dict)
     _ticked: dict[str, float] = field(default_factory=dict)  # when its vLLM last used any CPU at all
+    _quiet_reads: int = 0  # readings since the last progress of any node
 
     def update(self, readings: dict[str, NodeProgress], now: float | None = None) -> Stall | None:
         now = time.monotonic() if now is None else now
@@ -193,7 +197,11 @@ class StallWatch:
                     self._ticked[node] = now
                 self._cpu[node] = p.cpu_s
             self._tail[node], self._seen[node] = working, now
-        if not self._moved or now - max(self._moved.values()) < self.timeout:
+        last = max(self._moved.values(), default=now)
+        self._quiet_reads = 0 if last == now else self._quiet_reads + 1
+        # a stall is seen, not inferred from one late reading: this machine may have been too
+        # busy to poll (the quiet span counts only what readings in it showed)
+        if not self._moved or now - last < self.timeout or self._quiet_reads < MIN_QUIET_READS:
             return None
         # the node furthest behind (its log reached the earliest phase) is the likely culprit:
         # the others wait for it. Among equals, the one whose vLLM has used no CPU at all for the
@@ -204,5 +212,5 @@ class StallWatch:
                                                  self._moved[n]))
         ahead = max(self.phases.values(), key=lambda ph: ORDER.index(ph) if ph else -1)
         phase = self.phases.get(behind) or ahead
-        return Stall(behind, phase, now - max(self._moved.values()), readings[behind].last_line,
-                     likely_cause(phase))
+        return Stall(behind, phase, now - last, readings[behind].last_line, likely_cause(phase),
+                     self._quiet_reads)

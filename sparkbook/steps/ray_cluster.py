@@ -51,7 +51,8 @@ def token_check(params: Params, outcome: RayCluster) -> list[Check]:
         return []
     has = _version(outcome.version) >= TOKEN_AUTH_SINCE
     return [Check("Ray token authentication", params.head.name, PASS if has else WARN,
-                  f"Ray {outcome.version}: " + ("every Ray service requires the cluster's token" if has else
+                  f"Ray {outcome.version}: " + ("a Ray that enforces the token sparkbook sets (RAY_AUTH_MODE"
+                                                "=token, read from the version)" if has else
                                                 "no token authentication in this Ray"),
                   "Ray 2.52 or later (RAY_AUTH_MODE=token)",
                   "" if has else "anyone who reaches Ray's ports on the fabric can run code in the "

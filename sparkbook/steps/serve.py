@@ -101,7 +101,7 @@ def checks(params: Params, outcome: Deployment) -> list[Check]:
                 Check("served model", head, PASS if want in dep.models else FAIL, ", ".join(dep.models), want,
                       "" if want in dep.models else "check serving.served_model_name"),
                 *ray_worker_checks(params, dep), *key_check(params),
-                *listeners.checks(params, dep.listeners)]
+                *listeners.checks(params, dep.listeners), *listeners.secret_checks(params, dep.secrets)]
     if dep.key_refused:
         return [Check("API key", head, FAIL, dep.seen, "/v1/models answers with the key of serving.api_key_env",
                       "vLLM reads its key from VLLM_API_KEY: the variable serving.api_key_env names must "
