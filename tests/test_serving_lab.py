@@ -134,7 +134,8 @@ def test_a_server_throttled_halfway_through_the_soak_fails_06s_drift(lab, params
     from sparkbook.settings import Smoke
     from sparkbook.steps import smoke as smoke_step
     from sparkbook.verdict import Verdict
-    soak = Smoke(**{**params.smoke.model_dump(), "requests": 1, "soak_s": 24.0})
+    # judged at the Spark's 1.5x: measured 1.03x as it runs, 2.76x throttled (parameters/lab.yaml)
+    soak = Smoke(**{**params.smoke.model_dump(), "requests": 1, "soak_s": 24.0, "drift_limit": 1.5})
 
     def burn(s=soak):
         b = burnin.run(params.endpoint, params.served_model, s, progress=False, say=lambda *_: None)
