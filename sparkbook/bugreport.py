@@ -6,16 +6,19 @@ serving runtime (Python packages, torch with its CUDA and NCCL, read in the imag
 the virtualenv's python), ``nvidia-smi -q`` (clocks and what holds them down), the run's parameters,
 verdicts and every other JSON, every node's logs (the run folder's; the kernel's, where OOM kills,
 NVRM/Xid errors and mlx5 link flaps show a host wedged by memory or a flapping rail; those of this
-deployment's containers still present, with Ray's session logs and its OOM kills), the NCCL
-environment (what sparkbook sets, what the image and the containers carry) and a ``summary.md`` on
-top: what failed, the versions side by side.
+deployment's containers still present that this login started, with Ray's session logs and its OOM
+kills; vllm serve's log), the NCCL environment (what sparkbook sets, what the image and the
+containers carry) and a ``summary.md`` on top: what failed, the versions side by side.
 
 Every node is asked at once, one bundle each (``host_state.sh`` for ``nvidia-smi -q``, memlock, swap
-and the rails' firmware, as preflight reads them; ``collect_logs.sh`` for vllm serve's log, ``ray
-status`` and the processes; ``bug_report.sh`` for the kernel log, the containers, Ray's session
-logs and the runtime's versions); a node that does not answer is noted, not fatal.
+and the rails' firmware, as preflight reads them; ``bug_report.sh`` for the kernel log, the
+containers, Ray's session logs and status, vllm serve's log, the processes and the runtime's
+versions); a node that does not answer is noted, not fatal.
 Everything that enters the archive passes through :func:`sparkbook.redact.mask`; the secrets
-files never do (their variables are dropped on the node, before anything leaves it).
+files never do (their variables are dropped on the node, before anything leaves it). What belongs
+to another login on the node stays out: its containers are not read, its processes show their
+program alone. What a log or an image says cannot forge the sections' framing (``bug_report.sh``
+fences it; :func:`unfenced` reads it back).
 
 What is collected follows what maintainers ask for first: vLLM's bug template asks for the output of
 collect_env.py (https://github.com/vllm-project/vllm/blob/2c8972194cbb92c88ba7018437d21be87e2339b9/
@@ -113,9 +116,18 @@ def node_bundle(params: Params, node: Node) -> Bundle:
     return bundle(
         ("inventory", inventory.node_script(params)),
         ("host", script("host_state.sh", *(r.interface for r in node.rails))),
-        ("serving", script("collect_logs.sh", ray_container(params), serve_log(params, node))),
         ("bug report", script("bug_report.sh", deployment_label(params), owner_label(node), NAMES.pattern,
-                              "|".join(FABRIC_PREFIXES), *runtime, VERSIONS_PY.read_text())))
+                              "|".join(FABRIC_PREFIXES), ray_container(params), serve_log(params, node),
+                              *runtime, VERSIONS_PY.read_text())))
+
+
+# a line of bug_report.sh's fenced content: one more "@" before two or more and a space
+FENCED = re.compile(r"^@(@@+ )", re.M)
+
+
+def unfenced(text: str) -> str:
+    """A section's text as its source wrote it (bug_report.sh's ``fenced`` undone)."""
+    return FENCED.sub(r"\1", text)
 
 
 def fabric_vars(env: dict[str, str] | list[str]) -> dict[str, str]:
@@ -172,7 +184,7 @@ def gather(params: Params, cluster: Cluster) -> tuple[dict[str, dict[str, str]],
         if r.error:
             errors[name] = mask(r.error)
         if r.stdout.strip():  # a node that timed out still gives what it said
-            nodes[name] = {mask(k): mask(v) for k, v in parse_sections(r.stdout).items() if v.strip()}
+            nodes[name] = {mask(k): mask(unfenced(v)) for k, v in parse_sections(r.stdout).items() if v.strip()}
     return nodes, errors
 
 

@@ -117,23 +117,21 @@ def _nccl_bars(args: argparse.Namespace) -> tuple[float, float | None, str]:
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
     import textwrap
-    from . import nccltests
-    from .signatures import match
+    from . import logread, nccltests
     found = 0
     for name in args.logs:
+        source = "<stdin>" if name == "-" else name
         try:
-            text = sys.stdin.read() if name == "-" else Path(name).read_text(errors="replace")
+            log = logread.read(name, source)  # line by line, in bounded memory
         except OSError as e:
             print(f"sparkbook: cannot read {name}: {e.strerror or e}", file=sys.stderr)
             return 2
-        source = "<stdin>" if name == "-" else name
-        if run := nccltests.parse(text):  # a pasted nccl-tests table: judged as 02 judges its sweep
+        if run := nccltests.parse(log.table):  # a pasted nccl-tests table: judged as 02 judges its sweep
             text_out, below = nccltests.report(run, source, *_nccl_bars(args))
             print(text_out)
             found += below
-        hits = match(text, source=source)
+        hits, lines = log.matches, log.lines
         found += len(hits)
-        lines = text.count("\n") + (not text.endswith("\n") and bool(text))
         print(f"{source}: " + (f"{len(hits)} known failure(s)" if hits else
                                f"no known failure ({lines} lines read)"))
         for h in hits:
@@ -292,8 +290,9 @@ def parser() -> argparse.ArgumentParser:
                        "first failures), then what runs on the nodes now: sparkbook's containers per "
                        "node (all nodes asked at once; an unreachable node is a row that says so) and "
                        "the endpoint's health. The run folder: --run, else the deployment's newest "
-                       "under outputs/ (a `sparkbook run` folder or outputs/interactive-<name>). "
-                       "Exit code 0.")
+                       "under outputs/ (a `sparkbook run` folder or outputs/interactive-<name>), read "
+                       "as `sparkbook report` reads one: a piece that cannot be read is named, one line "
+                       "each, and left out. Exit code 0; 2 when its summary.json cannot be read.")
     _params_arg(p)
     p.add_argument("--run", metavar="DIR", help="run folder (default: the deployment's newest)")
     p.add_argument("--no-nodes", action="store_true", help="the run folder only: ask no node")

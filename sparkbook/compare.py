@@ -8,12 +8,15 @@ fingerprints (:mod:`sparkbook.fingerprint`); and the history of the deployments:
 beside the given ones (their parent folder, ``outputs/``) of the same deployment, oldest first, with
 busbw and start-up time over time. A piece a run lacks (a run without 07) shows as absent. Every
 text is masked (:mod:`sparkbook.redact`) and HTML-escaped; the plots are embedded, so the page is
-one file."""
+one file.
+
+A run folder may come from elsewhere: each piece is read checked (:mod:`sparkbook.runfolder`), one
+that cannot be believed shows as "unreadable" with why, in its run's column; a folder of which
+nothing can be read is an error that names it and why."""
 
 from __future__ import annotations
 
 import base64
-import html
 import io
 import os
 from dataclasses import dataclass, field
@@ -21,23 +24,28 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from . import fingerprint as fp
-from .bench import records
+from . import runfolder
 from .bench.records import LevelResult, Results
 from .errors import SparkbookError
 from .nccltests import plateau
 from .redact import mask
-from .report import key_numbers, load_json
+from .report import escaped
+from .runfolder import RunFolder, shown
 from .tables import human_bytes
 
 FILE = "compare.html"
 ABSENT = "absent"
+UNREADABLE = "unreadable"
+# the outcome files and the first label each gives the side-by-side table (where an unreadable one says so)
+OUTCOMES = {"collectives.json": "all-reduce busbw (plateau)", "serving.json": "vLLM start-up",
+            Results.FILE: "benchmark grid"}
 # actions of serving.json in which vLLM started: a kept deployment's seconds are no start-up time
 STARTED = ("started", "restarted")
 
 
 @dataclass
 class Run:
-    """What one run folder holds, each piece None when absent."""
+    """What one run folder holds, each piece None when absent or unreadable (then in ``unreadable``)."""
 
     path: Path
     summary: dict | None = None
@@ -46,10 +54,11 @@ class Run:
     serving: dict | None = None
     fingerprint: fp.Fingerprint | None = None
     key_numbers: list[tuple[str, str]] = field(default_factory=list)
+    unreadable: dict[str, str] = field(default_factory=dict)  # file -> why, of what is there but unreadable
 
     @property
     def name(self) -> str:
-        return self.path.name
+        return shown(self.path.name)
 
     @property
     def deployment(self) -> str:
@@ -76,35 +85,47 @@ class Run:
 
 
 def load_run(path: str | Path) -> Run:
-    """A run folder's pieces; a folder that is not one (no summary.json and no outcome) is an error."""
+    """A run folder's pieces, each checked (what is unreadable kept in ``unreadable``); a folder
+    that is not one (no summary.json, verdicts or outcome that can be read) is an error."""
     path = Path(path).expanduser().resolve()
     if not path.is_dir():
-        raise SparkbookError(f"{path}: no such run folder")
-    run = Run(path, summary=load_json(path / "summary.json"), collectives=load_json(path / "collectives.json"),
-              serving=load_json(path / "serving.json"), key_numbers=key_numbers(path))
-    try:
-        run.bench = records.load(path)
-    except (OSError, ValueError, TypeError, KeyError):
-        pass
-    run.fingerprint = fp.load(path)
-    if not (run.summary or run.bench or run.collectives or run.serving or run.key_numbers):
-        raise SparkbookError(f"{path}: not a run folder (no summary.json, verdicts or outcome files)")
+        raise SparkbookError(f"{shown(str(path))}: no such run folder")
+    folder = RunFolder(path)
+    verdicts = folder.verdicts()
+    run = Run(path, summary=folder.read("summary.json"), collectives=folder.read("collectives.json"),
+              serving=folder.read("serving.json"), bench=folder.results(), fingerprint=folder.fingerprint(),
+              key_numbers=[kn for _, v in verdicts for kn in v.key_numbers], unreadable=folder.unreadable)
+    if not (run.summary or run.bench or run.collectives or run.serving or run.key_numbers or verdicts):
+        why = "; ".join(f"{k}: {v}" for k, v in run.unreadable.items())
+        raise SparkbookError(f"{shown(str(path))}: not a run folder " + (
+            f"that can be read: {why}" if why else "(no summary.json, verdicts or outcome files)"))
     return run
+
+
+def _siblings(parent: Path) -> list[Path]:
+    """The folders in ``parent`` holding a summary.json (no symbolic link followed)."""
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return []
+    return [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)
+            and os.path.lexists(os.path.join(e.path, "summary.json"))]
 
 
 def history(runs: Sequence[Run]) -> list[Run]:
     """Every run folder in the given runs' parent folders of the same deployments (the given runs
-    too), oldest first."""
+    too), oldest first; one whose summary cannot be read is left out."""
     deployments = {r.deployment for r in runs}
     found = {r.path: r for r in runs}
     for parent in {r.path.parent for r in runs}:
-        for summary in parent.glob("*/summary.json"):
-            folder = summary.parent.resolve()
-            if folder in found or (load_json(summary) or {}).get("deployment") not in deployments:
+        for folder in _siblings(parent):
+            if folder in found:
                 continue
             try:
-                found[folder] = load_run(folder)
-            except SparkbookError:
+                summary = runfolder.read(folder, "summary.json") or {}
+                if summary.get("deployment", "?") in deployments:
+                    found[folder] = load_run(folder)
+            except SparkbookError:  # Unreadable too
                 continue
     return sorted(found.values(), key=lambda r: (r.started, r.name))
 
@@ -117,8 +138,10 @@ def _peak(bench: Results) -> LevelResult | None:
 
 
 def measured(run: Run) -> dict[str, str]:
-    """The numbers from the outcome files, by label; a missing outcome leaves its labels out."""
-    out = {}
+    """The numbers from the outcome files, by label; a missing outcome leaves its labels out, an
+    unreadable one says so at its first label."""
+    out = {label: f"{UNREADABLE}: {run.unreadable[name]}" for name, label in OUTCOMES.items()
+           if name in run.unreadable}
     if best := run.busbw:
         result = (run.collectives or {}).get("result") or {}
         out["all-reduce busbw (plateau)"] = (f"{best['busbw_gbs']:.2f} GB/s at {human_bytes(best['bytes'])} "
@@ -241,9 +264,9 @@ def plots(runs: Sequence[Run]) -> list[tuple[str, str]]:
                     _finish(fig, [ax], "all-reduce bus bandwidth")))
     if any(r.startup_s is not None for r in runs):
         fig, (ax,) = _figure()
-        shown = [(i, r) for i, r in enumerate(runs) if r.startup_s is not None]
-        ax.bar([mask(r.name) for _, r in shown], [r.startup_s for _, r in shown],
-               color=[f"C{i}" for i, _ in shown])
+        drawn = [(i, r) for i, r in enumerate(runs) if r.startup_s is not None]
+        ax.bar([mask(r.name) for _, r in drawn], [r.startup_s for _, r in drawn],
+               color=[f"C{i}" for i, _ in drawn])
         ax.set_ylabel("vLLM start-up (s)")
         ax.tick_params(axis="x", labelrotation=10, labelsize=8)
         out.append(("vLLM start-up time (only runs that started vLLM)."
@@ -273,8 +296,7 @@ def history_plot(runs: Sequence[Run], given: Sequence[Run]) -> str | None:
 
 # ---- page -------------------------------------------------------------------------------------
 
-def _e(value: object) -> str:
-    return html.escape(mask(str(value)))
+_e = escaped  # masked, cut, HTML-escaped
 
 
 def _table(head: Sequence[str], rows: Sequence[Sequence[str]], cls: str) -> str:
@@ -304,11 +326,13 @@ def page(runs: Sequence[Run], past: Sequence[Run], out_dir: Path) -> str:
     rows = []
     for r in runs:  # paths relative to the page: a page to share names no local absolute path
         report = r.path / "report.html"
-        link = f"<a href='{_e(_relative(report, out_dir))}'>report</a>" if report.exists() else ABSENT
+        link = (f"<a href='{_e(_relative(report, out_dir))}'>report</a>"
+                if report.is_file() and not report.is_symlink() else ABSENT)
         rows.append([_e(r.name), _e(_relative(r.path, out_dir)), _e(r.deployment), _e(r.started or "?"),
-                     _e((r.summary or {}).get("status", "?")), f"<code>{_e(_fp_key(r))}</code>", link])
-    parts.append(_table(["run", "folder", "deployment", "started", "status", "fingerprint", "report"],
-                        rows, "runs"))
+                     _e((r.summary or {}).get("status", "?")), f"<code>{_e(_fp_key(r))}</code>", link,
+                     "<br>".join(f"<code>{_e(k)}</code>: {_e(v)}" for k, v in r.unreadable.items()) or "none"])
+    parts.append(_table(["run", "folder", "deployment", "started", "status", "fingerprint", "report",
+                         UNREADABLE], rows, "runs"))
     parts.append("<h2>Comparable?</h2>")
     for title, verdict, reasons in comparability(runs):
         parts.append(f"<p><b>{_e(title)}</b>: <span class='{'not-' if reasons else ''}comparable'>"
@@ -317,7 +341,8 @@ def page(runs: Sequence[Run], past: Sequence[Run], out_dir: Path) -> str:
             parts.append("<ul class='differences'>" + "".join(f"<li>{_e(x)}</li>" for x in reasons) + "</ul>")
     parts.append("<h2>Measured</h2>" + _side_by_side(runs, [measured(r) for r in runs]))
     parts.append("<h2>Key numbers, as each step recorded them</h2>"
-                 + _side_by_side(runs, [dict(r.key_numbers) for r in runs]))
+                 + _side_by_side(runs, [dict(r.key_numbers) | {k: f"{UNREADABLE}: {v}" for k, v in r.unreadable.items()
+                                                               if k.startswith("verdicts/")} for r in runs]))
     parts.append("<h2>Plots</h2>")
     figures = plots(runs)
     parts += [f"<figure><img alt='{_e(c)}' src='data:image/png;base64,{png}'><figcaption>{_e(c)}"
@@ -360,6 +385,4 @@ def build(run_dirs: Sequence[str | Path], out: str | Path | None = None) -> Path
     runs = [load_run(d) for d in run_dirs]
     out_dir = Path(out).expanduser().resolve() if out else runs[0].path
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / FILE
-    path.write_text(page(runs, history(runs), out_dir))
-    return path
+    return runfolder.write(out_dir, FILE, page(runs, history(runs), out_dir))

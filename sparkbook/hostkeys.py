@@ -6,36 +6,39 @@ UserKnownHostsFile), the system's (ssh_config's GlobalKnownHostsFile, by default
 (``ssh.known_hosts``). A host whose key is in none of them is refused (never a prompt, never trusted
 on first use); a key marked ``@revoked`` is refused wherever else it is listed.
 
-Host certificates (``@cert-authority`` lines). Paramiko cannot check them: it does not parse these
-lines (a file holding one fails to load as a whole) nor negotiate certificate host keys (paramiko
-issues #771 and #2277, still open). Three ways were open:
+Host certificates (``@cert-authority`` lines) and host patterns (``*.example.com``). Paramiko
+checks neither: it does not parse ``@cert-authority`` lines (a file holding one fails to load as a
+whole) nor negotiate certificate host keys (paramiko issues #771 and #2277, still open), and it
+matches host names, not patterns. OpenSSH checks both (for a certificate: the CA's signature, the
+principals, the validity period, revocation). So when a host's key is in no file and some file holds
+such a line, OpenSSH decides, and only by what a server cannot write:
 
-- refuse every such host with a clear error: honest, but a site that manages its host keys with a
-  certificate authority (good practice) could not use sparkbook without listing keys by hand;
-- read the host's key with ``ssh-keyscan`` and trust it: that is no check at all (keyscan reports
-  whatever the host, or whoever answers in its place, presents);
-- let OpenSSH, which checks certificates (the CA's signature, the principals, the validity period,
-  revocation), check the host, then accept in Paramiko exactly the key the host proved to OpenSSH.
+- its verdict is the exit status of ``ssh -o BatchMode=yes -o StrictHostKeyChecking=yes ... HOST
+  true`` against the same files: 0 only when it accepted the host's key, logged in (with the
+  node's key or the agent, as Paramiko does) and ran ``true``. It must log in: short of that, ssh
+  fails either way and only its messages tell why. Those are never read: a server can print lines
+  that look like OpenSSH's own (an SSH debug message may hold newlines), and an impostor that did
+  was once accepted (issue 26);
+- the key it accepted is the one its ``KnownHostsCommand`` was given: ssh runs that command on
+  this machine with the fingerprint of the key it was offered, and the command appends it to a
+  private file. ssh is asked for the type of key Paramiko was offered (its certificate first);
+  Paramiko then accepts the host only if its own key has that very fingerprint (its key exchange
+  proves the host holds the private key, so nobody else can present it).
 
-sparkbook does the last. When a host's key is in no file and some file holds a ``@cert-authority``
-line (or a key for a host pattern, ``*.example.com``, which Paramiko does not match either), it runs
-``ssh -v -o BatchMode=yes -o StrictHostKeyChecking=yes ... HOST true`` with every authentication
-method, the agent, forwarding and connection sharing off (a fresh connection whose only use is the
-host check; it ends at "Permission denied", which is expected), and reads OpenSSH's debug lines:
-that the host "is known and matches" a host certificate (or key), and the fingerprint of the key it
-presented. Paramiko, connecting next, accepts the host only if its key has that very
-fingerprint: the key exchange proves the host holds the private key, so nobody else can present it.
-The fingerprint is kept for this process only, never written to a known_hosts file. When OpenSSH
-refuses the host, the error says so, with OpenSSH's reason and the remedy. One limit: Paramiko
-chooses its host key type itself (ed25519 first); for a host whose certificate covers another of its
-keys only, the error names both types (certify the ed25519 key too, or list the host's key).
+The check is a fresh connection whose only use it is: no password or keyboard prompt, no agent or
+X11 forwarding, no port forwarding, no shared connection, nothing written to a known_hosts file. It
+is made once per host and key per process while the files stay the same, never written down. When
+OpenSSH refuses, the error says so, with what ssh said and the remedy. One limit: Paramiko chooses
+its host key type itself (ed25519 first); a certificate of another of the host's keys does not
+count (certify the ed25519 key too, or list the host's key).
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
+import os
 import subprocess
+import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,64 +117,75 @@ def read(paths: list[str], into: paramiko.HostKeys) -> KnownHosts:
     return known
 
 
-@dataclass(frozen=True)
-class Verified:
-    """The key OpenSSH accepted for a host: its type and fingerprint."""
-    kind: str
-    fingerprint: str
-
-
-_verified: dict[tuple, Verified] = {}
+_verified: set[tuple] = set()
 _lock = threading.Lock()
+SEEN_ENV = "SPARKBOOK_SEEN_HOST_KEY"  # the file the KnownHostsCommand appends to
 
 
-def openssh_command(conn: Connection, paths: list[str], timeout: float) -> list[str]:
-    """``ssh`` checking ``conn``'s host against ``paths`` and nothing else: no authentication, no
-    agent, no forwarding, no shared connection, nothing written to a known_hosts file."""
-    no = ["PubkeyAuthentication", "PasswordAuthentication", "KbdInteractiveAuthentication",
-          "GSSAPIAuthentication", "HostbasedAuthentication", "ForwardAgent", "ForwardX11",
-          "UpdateHostKeys", "ControlMaster", "PermitLocalCommand"]
+def _algorithms(key: paramiko.PKey) -> str:
+    """OpenSSH's names for ``key``'s type, its certificate first: so that ssh is offered the very
+    key Paramiko was (a host holds one key of each type)."""
+    kind = key.get_name()
+    names = ["rsa-sha2-512", "rsa-sha2-256"] if kind == "ssh-rsa" else [kind]
+    return ",".join([f"{n}-cert-v01@openssh.com" for n in names] + names)
+
+
+def openssh_command(conn: Connection, paths: list[str], timeout: float, key: paramiko.PKey) -> list[str]:
+    """``ssh`` logging in to ``conn``'s host to run ``true``, the host checked against ``paths`` and
+    nothing else, asking for ``key``'s type; the fingerprint of the key it is offered goes to the
+    file ``$SPARKBOOK_SEEN_HOST_KEY`` (ssh runs KnownHostsCommand once without a key too: NONE)."""
+    no = ["PasswordAuthentication", "KbdInteractiveAuthentication", "GSSAPIAuthentication",
+          "HostbasedAuthentication", "ForwardAgent", "ForwardX11", "UpdateHostKeys", "ControlMaster",
+          "PermitLocalCommand", "CheckHostIP"]
     opts = [f"{o}=no" for o in no] + [
         "BatchMode=yes", "StrictHostKeyChecking=yes", "ControlPath=none", "ClearAllForwardings=yes",
-        "FingerprintHash=sha256", f"ConnectTimeout={max(int(timeout), 1)}",
-        "UserKnownHostsFile=" + " ".join(f'"{p}"' if " " in p else p for p in paths)]
-    return ["ssh", "-v", "-T", *[a for o in opts for a in ("-o", o)], "-p", str(conn.port),
-            *(["-l", conn.user] if conn.user else []), "--", conn.original_host, "true"]
+        "RemoteCommand=none", "LogLevel=ERROR", "FingerprintHash=sha256",
+        f"ConnectTimeout={max(int(timeout), 1)}", f"HostKeyAlgorithms={_algorithms(key)}",
+        "UserKnownHostsFile=" + " ".join(f'"{p}"' if " " in p else p for p in paths),
+        "GlobalKnownHostsFile=none",  # the system's files are among ``paths`` already
+        f"KnownHostsCommand=/bin/sh -c 'echo \"$0\" >>\"${SEEN_ENV}\"' %f"]
+    keys = conn.connect_kwargs.get("key_filename") or []
+    return ["ssh", "-T", *[a for o in opts for a in ("-o", o)],
+            *[a for k in ([keys] if isinstance(keys, str) else keys) for a in ("-i", k)],
+            "-p", str(conn.port), *(["-l", conn.user] if conn.user else []),
+            "--", conn.original_host, "true"]
 
 
-def openssh_verify(conn: Connection, name: str, known: KnownHosts, timeout: float) -> Verified:
-    """Have OpenSSH check ``conn``'s host, known as ``name`` (``HOST`` or ``[HOST]:PORT``), against
-    ``known``'s files, once per process while they stay the same; raises :class:`HostKeyRefused`."""
-    key = (conn.original_host, name, conn.port, conn.user, tuple(known.files), known.digest)
+def openssh_verify(conn: Connection, key: paramiko.PKey, known: KnownHosts, timeout: float) -> None:
+    """Have OpenSSH check that ``conn``'s host, offering ``key``, is the one ``known``'s files
+    trust; raises :class:`HostKeyRefused`. Once per host and key per process while the files stay
+    the same."""
+    cached = (conn.original_host, conn.port, conn.user, tuple(known.files), known.digest,
+              key.fingerprint)
     with _lock:
-        if key in _verified:
-            return _verified[key]
-    cmd = openssh_command(conn, known.files, timeout)
+        if cached in _verified:
+            return
+    cmd = openssh_command(conn, known.files, timeout, key)
     shown = " ".join(cmd[:3]) + " ... " + " ".join(cmd[-3:])
-    try:
-        done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                              timeout=2 * timeout + 10)
-    except FileNotFoundError:
-        raise HostKeyRefused("OpenSSH's ssh client, which checks host certificates for sparkbook, "
-                             "is not installed on this machine") from None
-    except subprocess.TimeoutExpired:
-        raise HostKeyRefused(f"OpenSSH's check of the host did not end (`{shown}`)") from None
-    # OpenSSH's own debug lines, whole lines only (it escapes control characters in what it logs,
-    # so a server's words cannot forge one); a ProxyJump hop's lines come first, the host's last
-    err = done.stderr
-    matched = re.search(rf"^debug1: Host '{re.escape(name)}' is known and matches the \S+ host "
-                        r"(?:certificate|key)\.$", err, re.M)
-    seen = matched and re.findall(r"^debug1: Server host (?:certificate|key): (\S+) "
-                                  r"(SHA256:[A-Za-z0-9+/]+)(?:,|$)", err[:matched.start()], re.M)
-    if not (matched and seen):
-        said = [ln.strip() for ln in err.splitlines()
-                if ln.strip() and not ln.startswith(("debug", "OpenSSH_"))]
-        raise HostKeyRefused(f"OpenSSH did not accept the host either (`{shown}`): "
-                             + (" | ".join(said[-3:]) or f"exit status {done.returncode}"))
-    found = Verified(*seen[-1])
+    with tempfile.TemporaryDirectory(prefix="sparkbook-hostkey-") as tmp:
+        seen_file = Path(tmp, "seen")
+        try:
+            done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                  timeout=2 * timeout + 10, env={**os.environ, SEEN_ENV: str(seen_file)})
+        except FileNotFoundError:
+            raise HostKeyRefused("OpenSSH's ssh client, which checks host certificates and patterns "
+                                 "for sparkbook, is not installed on this machine") from None
+        except subprocess.TimeoutExpired:
+            raise HostKeyRefused(f"OpenSSH's check of the host did not end (`{shown}`)") from None
+        seen = set(seen_file.read_text().split()) - {"NONE"} if seen_file.exists() else set()
+    if done.returncode != 0:
+        # shown to say why, never read for the verdict: a server can write into these lines
+        said = [ln.strip() for ln in done.stderr.splitlines() if ln.strip()]
+        raise HostKeyRefused(f"OpenSSH did not accept the host either (`{shown}` ended with exit status "
+                             f"{done.returncode}: {' | '.join(said[-3:]) or 'it said nothing'}; it "
+                             f"checks the host by logging in to it, and was asked for its "
+                             f"{key.get_name()} key, the type Paramiko was offered)")
+    if seen != {key.fingerprint}:
+        raise HostKeyRefused(f"OpenSSH accepted the host's key {', '.join(sorted(seen)) or '(none seen)'}, "
+                             f"but Paramiko was offered {key.get_name()} {key.fingerprint}: another "
+                             "machine may be answering in the host's place")
     with _lock:
-        _verified[key] = found
-    return found
+        _verified.add(cached)
 
 
 class StrictPolicy(paramiko.MissingHostKeyPolicy):
@@ -191,7 +205,7 @@ class StrictPolicy(paramiko.MissingHostKeyPolicy):
             raise paramiko.SSHException(f"Server {hostname!r} not found in known_hosts")
         where = ", ".join(deferred[:3])
         try:
-            ok = openssh_verify(self.conn, hostname, self.known, self.timeout)
+            openssh_verify(self.conn, key, self.known, self.timeout)
         except HostKeyRefused as e:
             raise HostKeyRefused(
                 f"{hostname}'s key is in no known_hosts file that Paramiko can read, and those files "
@@ -199,12 +213,6 @@ class StrictPolicy(paramiko.MissingHostKeyPolicy):
                 f"applies. {str(e).rstrip('.')}. Check the host's certificate or key (`ssh -v -p "
                 f"{self.conn.port} {self.conn.original_host} true` says why OpenSSH refuses it), or "
                 "add the host's own key to known_hosts after checking its fingerprint.") from None
-        if ok.fingerprint != key.fingerprint:
-            raise HostKeyRefused(
-                f"OpenSSH accepted {hostname}'s {ok.kind} {ok.fingerprint} ({where}), but Paramiko was "
-                f"offered its {key.get_name()} key {key.fingerprint}: Paramiko cannot ask for the "
-                "other. Give the host a certificate for this key too, or add the host's key to "
-                "known_hosts after checking its fingerprint.")
 
 
 def guard(conn: Connection, extra: Iterable[str], timeout: float) -> None:

@@ -135,6 +135,7 @@ class Run:
     unchecked: int = 0
 
 
+_COUNT = re.compile(r"[0-9]+")
 _PREFIX = re.compile(r"^(\[\d+,\d+\]<std\w+>:|\S+: )?\s*")  # mpirun --tag-output, pdsh
 
 
@@ -143,7 +144,8 @@ def _row(tokens: list[str]) -> dict | None:
     prints both; older ones redop alone, all_gather's neither), then time algbw busbw #wrong for
     out-of-place and for in-place: read from the right. Old versions print a maximum error (0e+00)
     in the #wrong column, checked but not a count; N/A where nothing was checked (-c 0)."""
-    if not 11 <= len(tokens) <= 13 or not tokens[0].isdigit() or not tokens[1].isdigit():
+    # ASCII digits: str.isdigit() also takes a superscript 2, which int() refuses
+    if not 11 <= len(tokens) <= 13 or not _COUNT.fullmatch(tokens[0]) or not _COUNT.fullmatch(tokens[1]):
         return None
     rest = tokens[-8:]
     try:
@@ -151,7 +153,7 @@ def _row(tokens: list[str]) -> dict | None:
     except ValueError:
         return None
     checked = [w for w in (rest[3], rest[7]) if w != "N/A"]
-    wrong = sum(int(w) for w in checked if w.isdigit()) if checked else "N/A"
+    wrong = sum(int(w) for w in checked if _COUNT.fullmatch(w)) if checked else "N/A"
     return {"bytes": int(tokens[0]), "time_us": min(t1, t2), "algbw_gbs": max(a1, a2),
             "busbw_gbs": max(b1, b2), "wrong": wrong}
 

@@ -84,7 +84,10 @@ class Context:
     def hold(self) -> None:
         """Take the deployment's lock when this step changes the nodes (see :mod:`sparkbook.lock`);
         raises :class:`~sparkbook.lock.LockHeld` naming the holder when another run has it."""
-        if self.held is not None or self.step is None or not lock.changes_state(self.step.NAME):
+        if self.held is not None:  # held since an earlier cell: stop if it is no longer this run's
+            self.held.check()
+            return
+        if self.step is None or not lock.changes_state(self.step.NAME):
             return
         self.held = lock.acquire(self.params, self.cluster, str(self.run_dir))
         if self.held.owned:  # taken by this kernel: kept fresh, and given back if it exits first

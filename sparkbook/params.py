@@ -22,15 +22,19 @@ from pydantic import (
 )
 
 from . import redact
+from .endpoint import API_HOSTS, destination, key_may_go
 from .errors import SparkbookError
-from .fields import (DAY, AbsolutePath, Address, DockerArgs, Image, Login, MountPath, NotOption,
-                     UniqueKeyLoader, Word, field_message, field_path)
-from .settings import Benchmark, Collectives, Distribution, Expectations, Section, Smoke
+from .fields import (DAY, MAX_VALUES, AbsolutePath, Address, ApiUrl, DockerArgs, Image, KeyVariable, TokenVariable,
+                     Login, ModelPath, MountPath, NotOption, ServeArgs, UniqueKeyLoader, Word,
+                     field_message, field_path, read_bounded, too_many_values)
+from .settings import (CONTEXT, GPUS, PARALLEL, Benchmark, Collectives, Distribution, Expectations,
+                       Section, Smoke)
 
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 SHORT_SECRET = (f"refuse secrets shorter than {redact.MIN_LEN} characters (masking them would "
                 "corrupt ordinary text): use a longer one")
+SHOWN_PROBLEMS = 30  # one error stays readable: the rest are counted
 
 
 class Rail(Section):
@@ -58,7 +62,7 @@ class Node(Section):
                                   "leaves it: the nodes use their own keys between them)")
     role: Literal["head", "worker"] = "worker"
     local: bool = Field(False, description="the notebook machine itself: commands run without SSH")
-    gpus: int | None = Field(None, ge=0, description="overrides expectations.gpus_per_node")
+    gpus: int | None = Field(None, ge=0, le=GPUS, description="overrides expectations.gpus_per_node")
     rails: list[Rail] = Field(default_factory=list)
 
     @property
@@ -85,7 +89,7 @@ class SSH(Section):
         "system's (/etc/ssh/ssh_known_hosts, or ssh_config's GlobalKnownHostsFile)")
     connect_timeout: float = Field(10, gt=0, le=300)
     command_timeout: float = Field(300, gt=0, le=DAY)
-    parallel: int = Field(16, ge=1, description="at most this many nodes are worked on at once")
+    parallel: int = Field(16, ge=1, le=PARALLEL, description="at most this many nodes are worked on at once")
     forward_agent: bool = Field(False, description="forward this machine's SSH agent to the nodes "
                                 "(never by default, whatever ~/.ssh/config says)")
 
@@ -99,13 +103,13 @@ class Runtime(Section):
     container_name: str | None = Field(None, pattern=NAME_RE, description="vllm serve's container "
                                        "(default sparkbook-<name>-vllm)")
     gpus: bool = Field(True, description="pass --gpus all to containers")
-    shm_size: str = Field("16g", pattern=r"^[0-9]+[bkmgBKMG]?$")
+    shm_size: str = Field("16g", pattern=r"^[0-9]{1,15}[bkmgBKMG]?$")
     privileged: bool = False
     rdma: bool = Field(True, description="give containers the RDMA devices (/dev/infiniband, IPC_LOCK)")
     docker_root: AbsolutePath | None = Field(None, description="Docker data root, for the disk check")
     hf_cache: MountPath | None = Field(None, description="Hugging Face cache on every node, mounted "
                                        "into the serving container (absolute path)")
-    nccl_ib_gid_index: int = Field(3, ge=0, description="RoCE v2 GID index for NCCL (3 on DGX OS)")
+    nccl_ib_gid_index: int = Field(3, ge=0, le=255, description="RoCE v2 GID index for NCCL (3 on DGX OS)")
     entrypoint: str | None = Field(
         None, min_length=1,
         description="program every sparkbook container starts its command through (an image's "
@@ -140,20 +144,21 @@ class Runtime(Section):
 class ModelSpec(Section):
     name: Word = Field(min_length=1, description="the model's repository on the Hugging Face hub "
                        "(what model.source hf downloads)")
-    path: MountPath = Field(min_length=1, description="directory of the model on every node")
+    path: ModelPath = Field(min_length=1, description="directory of the model on every node")
     source: Literal["head", "hf"] = Field(
         "head", description="head: the head already holds the model at model.path; hf: 03 "
         "downloads model.name at model.revision from the hub onto the head first (resumable)")
     revision: Word | None = Field(None, description="the hub revision (a commit, branch or tag) "
                                   "03's hub download fetches (model.source hf); pin a commit for "
                                   "runs that can be compared")
-    hf_token_env: str = Field(
-        "HF_TOKEN", pattern=ENV_NAME,
+    hf_token_env: TokenVariable = Field(
+        "HF_TOKEN",
         description="environment variable of the notebook machine holding the token",
     )
     needs_token: bool = False
-    size_gb: float | None = Field(None, ge=0, description="the model's size on disk, GB: 01's memory "
-                                  "fit estimates the weights from it until the model is on the head")
+    size_gb: float | None = Field(None, ge=0, le=100_000, description="the model's size on disk, GB: "
+                                  "01's memory fit estimates the weights from it until the model is on "
+                                  "the head")
     verify: Literal["configs", "all"] = Field(
         "configs", description="what the model manifest hashes besides names and sizes: the "
         "config, tokenizer and index files, or every file (slow for 100 GB)")
@@ -163,16 +168,16 @@ class Serving(Section):
     nodes: list[str] | None = Field(
         None, description="names of the nodes that serve, the head among them (default: all); "
         "the others still take part in preflight, the all-reduce and distribution")
-    tensor_parallel_size: int = Field(1, ge=1)
-    pipeline_parallel_size: int = Field(1, ge=1)
+    tensor_parallel_size: int = Field(1, ge=1, le=PARALLEL)
+    pipeline_parallel_size: int = Field(1, ge=1, le=PARALLEL)
     executor: Literal["ray", "mp"] = "ray"
-    max_model_len: int | None = Field(None, ge=16)
+    max_model_len: int | None = Field(None, ge=16, le=CONTEXT)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     served_model_name: Word | None = None
     reasoning_parser: Word | None = None
     tool_call_parser: Word | None = None
-    extra_args: list[str] = Field(default_factory=list, description="more `vllm serve` options, "
-                                  "each item one argument")
+    extra_args: ServeArgs = Field(default_factory=list, description="more `vllm serve` options, "
+                                  "each item one argument (no secret: --api-key, --hf-token)")
     env: dict[str, str] = Field(default_factory=dict, description="more environment of the serving "
                                 "containers; a value named like a secret (HF_TOKEN...) is masked")
     startup_timeout: float = Field(1800, gt=0, le=DAY)
@@ -180,18 +185,19 @@ class Serving(Section):
         600, gt=0, le=DAY, description="seconds without progress on any node (no new log line, no "
         "CPU used by vLLM) after which 05 calls the start-up stalled, naming the phase")
     ray_object_store_gb: float = Field(
-        4, gt=0, description="Ray's object store cap per node: on GB10 it comes out of the unified "
+        4, gt=0, le=1024, description="Ray's object store cap per node: on GB10 it comes out of the unified "
         "memory the model needs")
     drop_page_cache: bool = Field(False, description="drop the serving nodes' page cache just before 05 "
                                   "starts vLLM (root, or sudo -n: it never prompts); reported in 05")
-    api_url: str | None = Field(None, description="where this machine reaches the API (default "
-                                "http://<head host>:<ports.api>)")
+    api_url: ApiUrl | None = Field(None, description="where this machine reaches the API (default "
+                                "http://<head host>:<ports.api>); elsewhere, the API key goes "
+                                "there only if $SPARKBOOK_API_HOSTS lists it")
     bind: Address | None = Field(None, description="the address vLLM's API listens on, on the head "
                                  "(default: the head's management address, which this machine "
                                  "reaches); 0.0.0.0 only when asked for")
-    api_key_env: str | None = Field(
-        None, pattern=ENV_NAME, description="environment variable of this machine "
-        "holding an API key: vLLM requires it (it reaches vLLM through its environment), 05/06/07 "
+    api_key_env: KeyVariable | None = Field(
+        None, description="environment variable of this machine holding an API key (VLLM_API_KEY "
+        "or a SPARKBOOK_ name): vLLM requires it (it reaches vLLM through its environment), 05/06/07 "
         "send it, and it is masked everywhere")
 
     @field_validator("env")
@@ -203,16 +209,6 @@ class Serving(Section):
         lines = [k for k, value in v.items() if "\n" in value or "\0" in value]
         if lines:
             raise ValueError(f"values must be one line: {', '.join(lines)}")
-        return v
-
-    @field_validator("extra_args")
-    @classmethod
-    def _no_key_on_the_command_line(cls, v: list[str]) -> list[str]:
-        # as vLLM's argument parser reads them: --api_key too, and any unambiguous abbreviation
-        flags = [a.split("=", 1)[0].replace("_", "-") for a in v if a.startswith("--")]
-        if any(len(f) > len("--api") and "--api-key".startswith(f) for f in flags):
-            raise ValueError("--api-key would put the key on a command line (ps, the commands "
-                             "table, the logs): set serving.api_key_env instead")
         return v
 
 
@@ -292,7 +288,9 @@ class ParamsError(SparkbookError):
         self.source = source
         self.problems = problems
         lines = [f"{source}: {len(problems)} invalid field{'s' if len(problems) != 1 else ''}"]
-        lines += [f"  {path}: {msg}" for path, msg in problems]
+        lines += [f"  {path}: {msg}" for path, msg in problems[:SHOWN_PROBLEMS]]
+        if len(problems) > SHOWN_PROBLEMS:
+            lines.append(f"  (and {len(problems) - SHOWN_PROBLEMS} more)")
         super().__init__("\n".join(lines))
 
 
@@ -341,7 +339,7 @@ def _semantic_problems(p: Params) -> list[tuple[str, str]]:
     if p.serving.stall_timeout > p.serving.startup_timeout:
         problems.append(("serving.stall_timeout", f"{p.serving.stall_timeout:g} s is longer than "
                          f"serving.startup_timeout ({p.serving.startup_timeout:g} s): it could never fire"))
-    return problems + _same_host_problems(p) + _secret_problems(p)
+    return problems + _same_host_problems(p) + _secret_problems(p) + _key_destination_problems(p)
 
 
 def _same_host_problems(p: Params) -> list[tuple[str, str]]:
@@ -376,6 +374,20 @@ def _secret_problems(p: Params) -> list[tuple[str, str]]:
             problems.append((f"serving.env.{name}", f"{name} is written in the parameters and "
                              f"shorter than {redact.MIN_LEN} characters: {SHORT_SECRET}"))
     return problems
+
+
+def _key_destination_problems(p: Params) -> list[tuple[str, str]]:
+    """The API key goes to the deployment's own API (the head at ports.api, where 05 starts it), or
+    to a destination the operator lists in $SPARKBOOK_API_HOSTS, outside the parameters file."""
+    name, url = p.serving.api_key_env, p.serving.api_url
+    if not (name and url) or key_may_go(url, p.head.host, p.ports.api):
+        return []
+    host, port = destination(url)
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return [("serving.api_url", f"{where} is not this deployment's API ({p.head.host} port "
+             f"{p.ports.api}: the head and ports.api), and the key of serving.api_key_env (${name}) "
+             f"would be sent there: remove serving.api_url, or, if you trust {where}, list it in "
+             f"${API_HOSTS} on this machine (not in the parameters file)")]
 
 
 def secrets_written(p: Params) -> list[str]:
@@ -429,6 +441,9 @@ def validate(data: Any, source: str = "parameters") -> Params:
     """Validate a mapping (as read from YAML or injected by papermill) into :class:`Params`."""
     if not isinstance(data, Mapping):
         raise ParamsError(source, [("(top level)", "must be a mapping of fields")])
+    if too_many_values(data):
+        raise ParamsError(source, [("(top level)", f"more than {MAX_VALUES} values (an alias counts "
+                                    "each time it is used): not a parameters file")])
     try:
         params = Params.model_validate(dict(data))
     except ValidationError as e:
@@ -453,9 +468,9 @@ def read(path: str | os.PathLike[str]) -> Any:
     one silently kept)."""
     path = Path(path)
     try:
-        text = path.read_text()
-    except OSError as e:
-        raise ParamsError(str(path), [("(file)", f"cannot read: {e.strerror or e}")]) from None
+        text = read_bounded(path)
+    except ValueError as e:
+        raise ParamsError(str(path), [("(file)", str(e))]) from None
     try:
         return yaml.load(text, Loader=UniqueKeyLoader)
     except yaml.YAMLError as e:

@@ -43,10 +43,15 @@ def parse_nvidia_smi_csv(text: str, fields: list[str] | None = None) -> list[Csv
 
 
 def parse_sections(text: str, marker: str = "@@ ") -> dict[str, str]:
-    """Split a script's output into named sections: lines ``@@ name`` start each section."""
+    """Split a script's output into named sections: lines ``@@ name`` start each section.
+
+    Lines end at "\n" only (a "\r" before it dropped), not at every break ``str.splitlines``
+    knows: a section's text (a log line holding "x\r@@ name", or "\x85", "\u2028") cannot start
+    a section of its own."""
     sections: dict[str, list[str]] = {}
     current = None
-    for line in text.splitlines():
+    for line in text.split("\n"):
+        line = line.removesuffix("\r")
         if line.startswith(marker):
             current = line[len(marker):].strip()
             sections[current] = []

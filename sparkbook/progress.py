@@ -19,10 +19,16 @@ import sys
 import threading
 import time
 
+from .signatures import CONTROL
 from .tables import human_bytes
 
 # A row of the widget changes at most this often: a copy's rsync says something many times a second.
 LIVE_S = 0.5
+def printable(line: str) -> str:
+    """``line`` (a node wrote it) without terminal control sequences, so that it cannot drive the
+    operator's terminal: CSI colours and cursor moves, OSC titles and clipboard writes and the like
+    (:data:`sparkbook.signatures.CONTROL`); a newline or carriage return becomes a space."""
+    return CONTROL.sub("", line).replace("\r", " ").replace("\n", " ")
 
 
 def _in_notebook() -> bool:
@@ -164,6 +170,7 @@ class Progress:
 
     def update(self, key: str, line: str, force: bool = False, fraction: float | None = None) -> None:
         """Set ``key``'s line and, where known, the fraction of its work done (0..1)."""
+        line = printable(line)
         with self.lock:
             changed = (self.lines.get(key), self.fractions.get(key)) != (line, fraction)
             self.lines[key], self.fractions[key] = line, fraction

@@ -95,8 +95,11 @@ def _pattern(values: tuple[str, ...]) -> re.Pattern[str] | None:
 
 # NAME=value where the name says it holds a secret (as `env` or `docker inspect` print it): masked
 # whether or not this process knows the value (Ray's token, made by another notebook's kernel).
-_ASSIGNED = re.compile(r"\b([A-Z][A-Z0-9_]*(?:TOKEN|SECRET|PASSWORD|API_KEY|ACCESS_KEY)[A-Z0-9_]*=)"
-                       r"[^\s\"'&<>\\]{%d,}" % MIN_LEN)
+# Linear on any text: the name is looked for once at each word's start (a lookahead), then taken
+# whole, where ``[A-Z0-9_]*TOKEN[A-Z0-9_]*=`` tried every split of a long upper-case word around
+# each TOKEN in it (quadratic: 40 kB of "TOKEN" took a second).
+_ASSIGNED = re.compile(r"\b(?=[A-Z][A-Z0-9_]*?(?:TOKEN|SECRET|PASSWORD|API_KEY|ACCESS_KEY))"
+                       r"([A-Z][A-Z0-9_]*=)[^\s\"'&<>\\]{%d,}" % MIN_LEN)
 
 
 def mask(text: str) -> str:

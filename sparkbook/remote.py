@@ -223,8 +223,34 @@ def ssh_error(exc: BaseException, node: Node, conn: Connection | None) -> str:
     return f"ssh {where}: {type(exc).__name__}: {exc}"
 
 
+class _Deadline:
+    """A time limit on one node's SSH exchange: past ``seconds`` the node's connection is dropped,
+    which unblocks Paramiko wherever it waits (opening a channel, an SFTP write to a node that stopped
+    reading: neither has a timeout of its own). ``expired`` says whether it came to that."""
+
+    def __init__(self, node: Node, ssh: SSH, seconds: float):
+        self.node, self.seconds, self._expired = node, seconds, threading.Event()
+        self._timer = threading.Timer(seconds, lambda: (self._expired.set(), drop(node, ssh)))
+        self._timer.daemon = True
+
+    def __enter__(self) -> "_Deadline":
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+
+    @property
+    def expired(self) -> bool:
+        return self._expired.is_set()
+
+    def error(self, conn: Connection | None) -> str:
+        return (f"ssh {_target(self.node, conn)}: no answer within {self.seconds:.0f} s "
+                "(the connection was dropped: is the node down?)")
+
+
 def _run_one(node: Node, ssh: SSH, cmd: Command, timeout: float, env: Mapping[str, str] | None,
-             stream: TextIO | None, lock: threading.Lock) -> Result:
+             stream: TextIO | None, lock: threading.Lock, stopped: threading.Event) -> Result:
     shown = command_line(cmd)
     line = wrap(cmd, timeout, env)
     out = err = None
@@ -232,40 +258,37 @@ def _run_one(node: Node, ssh: SSH, cmd: Command, timeout: float, env: Mapping[st
         out, err = _Prefixer(node.name, stream, lock), _Prefixer(node.name + " stderr", stream, lock)
     opts = dict(warn=True, hide=stream is None, out_stream=out, err_stream=err, in_stream=False,
                 timeout=timeout + KILL_GRACE_S + ssh.connect_timeout + 5)
-    conn = None
+    conn = deadline = None
     start = time.monotonic()
-    # A node that dies under an open connection leaves Paramiko waiting forever (opening a
-    # channel has no timeout): past the hard limit the connection is dropped, which unblocks it.
-    hung = threading.Event()
-    watchdog = None
     try:
         if node.local:
             r = invoke.Context().run(line, **opts)
         else:
             conn = connection(node, ssh)
-            watchdog = threading.Timer(opts["timeout"] + 5, lambda: (hung.set(), drop(node, ssh)))
-            watchdog.daemon = True
-            watchdog.start()
-            r = conn.run(line, **opts)
+            # Ctrl-C while this connection opened: the fan-out's drop may have come before it was
+            # cached, so this thread must not start the command (once cached, the drop reaches it)
+            if stopped.is_set():
+                drop(node, ssh)
+                return Result(node.name, shown, None, error="interrupted before it started")
+            # a node that dies under an open connection: past the hard limit, the connection goes
+            with _Deadline(node, ssh, opts["timeout"] + 5) as deadline:
+                r = conn.run(line, **opts)
         code, stdout, stderr = r.exited, r.stdout, r.stderr
     except invoke.CommandTimedOut as e:
         return Result(node.name, shown, None, e.result.stdout, e.result.stderr,
                       time.monotonic() - start, f"no answer within {timeout:.0f} s", True)
     except Exception as e:  # SSH errors of every kind end here, per node
         drop(node, ssh)
-        if not hung.is_set():
+        if not (deadline and deadline.expired):
             return Result(node.name, shown, None, duration=time.monotonic() - start,
                           error=ssh_error(e, node, conn))
     finally:
-        if watchdog is not None:
-            watchdog.cancel()
         for s in (out, err):
             if s is not None:
                 s.close()
-    if hung.is_set():  # whether the dropped connection raised or returned
+    if deadline and deadline.expired:  # whether the dropped connection raised or returned
         return Result(node.name, shown, None, duration=time.monotonic() - start, timed_out=True,
-                      error=f"ssh {_target(node, conn)}: no answer within {opts['timeout']:.0f} s "
-                            "(the connection was dropped: is the node down?)")
+                      error=deadline.error(conn))
     duration = time.monotonic() - start
     if code == TIMEOUT_STATUS and duration >= timeout - 0.5:
         return Result(node.name, shown, code, stdout, stderr, duration,
@@ -302,16 +325,19 @@ class Cluster:
         targets = self._select(nodes)
         limit = timeout or self.ssh.command_timeout
         sink = (sys.stdout if stream is True else stream) or None
-        lock = threading.Lock()
+        lock, stopped = threading.Lock(), threading.Event()
 
         def one(node: Node) -> Result:
             c = cmd(node) if callable(cmd) else cmd
             started = time.time()
-            return replace(_run_one(node, self.ssh, c, limit, env, sink, lock), started=started)
+            return replace(_run_one(node, self.ssh, c, limit, env, sink, lock, stopped), started=started)
 
-        return self._fan_out(targets, one)
+        return self._fan_out(targets, one, stopped)
 
-    def _fan_out(self, targets: list[Node], fn: Callable[[Node], Result]) -> Results:
+    def _fan_out(self, targets: list[Node], fn: Callable[[Node], Result],
+                 stopped: threading.Event | None = None) -> Results:
+        """``fn`` on every node, in parallel. On Ctrl-C: ``stopped`` is set (a command not yet
+        started is not started), then every node's connection dropped, and it raises at once."""
         results = Results()
         if not targets:
             return results
@@ -320,6 +346,8 @@ class Cluster:
             for node, res in zip(targets, pool.map(fn, targets)):
                 results[node.name] = res
         except BaseException:  # Ctrl-C (a KeyboardInterrupt in the kernel): no waiting for the nodes
+            if stopped is not None:
+                stopped.set()  # before the drops: see _run_one
             pool.shutdown(wait=False, cancel_futures=True)
             for node in targets:
                 drop(node, self.ssh)  # their commands end with their channels (GUARD)
@@ -333,20 +361,23 @@ class Cluster:
         return self.run(cmd, [target], **kw)[target.name]
 
     def put(self, local: str | Path, remote: str | Callable[[Node], str],
-            nodes: Iterable[Node | str] | None = None, mode: int = 0o644) -> Results:
+            nodes: Iterable[Node | str] | None = None, mode: int = 0o644, *,
+            timeout: float | None = None) -> Results:
         """Copy a file to the nodes (SFTP), in parallel; ``remote`` may differ per node."""
         shown = None if callable(remote) else f"put {local} -> {remote}"
-        return self.put_bytes(Path(local).read_bytes(), remote, nodes, mode, shown)
+        return self.put_bytes(Path(local).read_bytes(), remote, nodes, mode, shown, timeout=timeout)
 
     def put_bytes(self, data: bytes, remote: str | Callable[[Node], str],
                   nodes: Iterable[Node | str] | None = None, mode: int = 0o644,
-                  shown: str | None = None) -> Results:
+                  shown: str | None = None, *, timeout: float | None = None) -> Results:
         """Write ``data`` to a path on the nodes (``remote``, or ``remote(node)`` where it differs per
-        node), in parallel. The file is made anew, exclusively: whatever held the name before (a
-        file, a symbolic link planted there) is removed, never followed nor written through, and the
-        file has ``mode`` before any byte is written (so a secret is never readable by others, even
-        for a moment)."""
+        node), in parallel, within ``timeout`` seconds per node (``ssh.command_timeout`` by default;
+        past it, the node's result is an error). The file is made anew, exclusively: whatever held
+        the name before (a file, a symbolic link planted there) is removed, never followed nor
+        written through, and the file has ``mode`` before any byte is written (so a secret is never
+        readable by others, even for a moment)."""
         path_of = remote if callable(remote) else (lambda node: remote)
+        limit = timeout or self.ssh.command_timeout
 
         def one(node: Node) -> Result:
             start = time.monotonic()
@@ -363,24 +394,28 @@ class Cluster:
                 except OSError as e:
                     return Result(node.name, shown_here, None, error=f"{remote}: {e.strerror}")
                 return Result(node.name, shown_here, 0, duration=time.monotonic() - start)
-            conn = None
+            conn = deadline = None
             try:
                 conn = connection(node, self.ssh)
-                mk = conn.run(shlex.join(["mkdir", "-p", str(Path(remote).parent)]), hide=True,
-                              warn=True, in_stream=False)
-                if not mk.ok:
-                    return Result(node.name, shown_here, mk.exited, mk.stdout, mk.stderr)
-                sftp = conn.sftp()
-                try:
-                    sftp.remove(remote)  # SFTP's remove is unlink(2): a link goes, not its target
-                except FileNotFoundError:
-                    pass
-                with sftp.open(remote, "wxb") as f:  # O_CREAT|O_EXCL: fails on anything there
-                    f.chmod(mode)
-                    f.write(data)
-            except OSError as e:
-                return Result(node.name, shown_here, None, error=f"{remote}: {e.strerror or e}")
+                with _Deadline(node, self.ssh, limit) as deadline:
+                    mk = conn.run(shlex.join(["mkdir", "-p", str(Path(remote).parent)]), hide=True,
+                                  warn=True, in_stream=False)
+                    if not mk.ok:
+                        return Result(node.name, shown_here, mk.exited, mk.stdout, mk.stderr)
+                    sftp = conn.sftp()
+                    try:
+                        sftp.remove(remote)  # SFTP's remove is unlink(2): a link goes, not its target
+                    except FileNotFoundError:
+                        pass
+                    with sftp.open(remote, "wxb") as f:  # O_CREAT|O_EXCL: fails on anything there
+                        f.chmod(mode)
+                        f.write(data)
             except Exception as e:
+                if deadline and deadline.expired:  # the dropped connection's error says less
+                    return Result(node.name, shown_here, None, duration=time.monotonic() - start,
+                                  error=deadline.error(conn), timed_out=True)
+                if isinstance(e, OSError):
+                    return Result(node.name, shown_here, None, error=f"{remote}: {e.strerror or e}")
                 return Result(node.name, shown_here, None, error=ssh_error(e, node, conn))
             return Result(node.name, shown_here, 0, duration=time.monotonic() - start)
 

@@ -226,12 +226,17 @@ def _steps(params: Params, params_path: Path, nb_dir: Path, chosen: list[Path], 
         if rec.status == "failed" and stop.count > signals and (not cleanup or stop.skip_teardown):
             rec.status, rec.error = "interrupted", f"stopped by {stop.name}"
         failed = failed or rec.status != "passed"
-        redact.mask_tree(run_dir)  # a secret a cell printed by mistake stops here too
         rec.duration_s = round(time.monotonic() - t0, 2)
         print(f"== step {rec.name}: {rec.status} in {rec.duration_s:.1f} s"
               + (f"\n{rec.error}" if rec.error else ""), file=sys.stderr, flush=True)
         summary["steps"] = [asdict(r) for r in records]
-        _write(run_dir, summary)
+        try:  # a full disk ends the run as a failure, never before its teardown
+            redact.mask_tree(run_dir)  # a secret a cell printed by mistake stops here too
+            _write(run_dir, summary)
+        except OSError as e:
+            failed = True
+            summary["error"] = mask(f"after step {rec.name}: the run folder could not be written: {e}")
+            print(f"sparkbook: {summary['error']}", file=sys.stderr, flush=True)
     if stop.signum:
         summary["signal"] = stop.name
         _left_running(params, params_path, records)

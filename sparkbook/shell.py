@@ -108,8 +108,12 @@ def peer_ssh(peer: Node) -> list[str]:
 # standard input, which this machine holds open and never writes: when the channel closes before the
 # command ends (the kernel killed, the run interrupted, the connection lost), the read ends and the
 # watcher stops the command, so nothing runs on to its time limit. (Without a terminal, sshd sends
-# no hangup signal.) The command itself gets /dev/null as its input.
-GUARD = ('exec 3<&0; "$@" & c=$!; { while read -r -u 3 _; do :; done; kill -TERM "$c"; } 2>/dev/null & '
+# no hangup signal.) The command itself gets /dev/null as its input. The command is coreutils
+# `timeout`, which leads a process group of its own (its pid): the watcher signals that group, not
+# only `timeout`, and once more with KILL_GRACE_S's KILL, because a `timeout` signalled as it starts
+# can exit before it knows its child's pid and leave the child running.
+GUARD = ('exec 3<&0; "$@" & c=$!; { while read -r -u 3 _; do :; done; kill -TERM -- -"$c" "$c"; '
+         '{ sleep 5; kill -KILL -- -"$c"; } & } 2>/dev/null & '
          'w=$!; wait "$c"; s=$?; kill "$w" 2>/dev/null; exit "$s"')
 
 

@@ -9,6 +9,11 @@ a ``docker compose`` service prefix or colour codes. The table runs from the mos
 the most general: a line belongs to the first signature that matches it. The real log lines each
 signature was written from are in tests/fixtures/logs/ with their sources.
 
+No pattern takes time quadratic in a line (a line of binary must not hold a failed deployment's
+GPUs while it is read): a repetition between two words is bounded (``.{0,200}``) or cannot hold
+what follows it, and a line is matched on its first LINE_WIDTH characters. The inputs that made
+the old patterns backtrack time each pattern in tests/test_signatures_worst_case.py.
+
 Standard library only, and nothing from the rest of sparkbook: a person can read a log with it on
 any machine.
 """
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass
+from typing import Iterable
 
 # The steps whose logs a signature can appear in ("02" the all-reduce, "04" the Ray cluster,
 # "05" vLLM's start-up, "06"/"07" vLLM under load); ``match(text, step=...)`` keeps those.
@@ -31,15 +37,19 @@ PHASES = ("container", "ray", "config", "distributed init", "weights", "kv cache
 # Lines that show vLLM's start-up went on: a warning that something *may* fail is void once one
 # of these follows it.
 PROGRESS = r"(world_size=\d+ rank=\d+|Loading weights took|Model loading took|Loading safetensors|" \
-           r"Available KV cache memory|Graph capturing finished|init engine .* took|" \
+           r"Available KV cache memory|Graph capturing finished|init engine .{0,200}? took|" \
            r"Starting vLLM API server|Application startup complete)"
 
 # Lines that say nothing about where a log stopped: the shutdown that follows a kill (05 stops
 # what hangs), blank lines and bare process prefixes.
 _NOISE = re.compile(r"SIGTERM|Shutting down|shutdown complete|Terminated|[Kk]illed|received signal|"
                     r"KeyboardInterrupt|Parent process exited|Stopping|^\s*$")
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|#033\[[0-9;]*m")  # and syslog's escaped form
-_PREFIX = re.compile(r"^\s*\((?:[\w.:-]+ )*pid=\d+(?:, ip=(?P<ip>[\d.:a-fA-F]+))?\)\s*")
+# Terminal control sequences: CSI (colours, cursor moves), OSC (a title, a clipboard write) and the
+# like, other escapes, syslog's escaped colours, and control characters but tab and CR (see clean).
+CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]?|\x1b[\]PX^_][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -/]*[0-~]?|"
+                      r"#033\[[0-9;]*m|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+_PREFIX = re.compile(r"\s*\((?:[\w.:-]+ )*pid=\d+(?:, ip=(?P<ip>[\d.:a-fA-F]+))?\)\s*")  # at a position
+LINE_WIDTH = 8192  # a line is matched on this much: the longest real one (vLLM's config) is ~3,200
 
 # Any error-looking line, for a failure no signature names ("the last error seen").
 ERROR_LINE = re.compile(r"(NCCL WARN|Error|error:|Connection refused|timed out|Timeout)", re.I)
@@ -91,16 +101,18 @@ def _sig(name: str, patterns: list[str], cause: str, remedy: str, *, flags: int 
                      detail=re.compile(detail) if detail else None, **kw)
 
 
-_NCCL_DETAIL = r"NCCL WARN|Last error:|socketProgress|Call to \w+ .*failed|NET/IB ?: "
+_NCCL_DETAIL = r"NCCL WARN|Last error:|socketProgress|Call to \w+ .{0,300}?failed|NET/IB ?: "
 _RAY_UP = r"Ray runtime started|Connected to Ray cluster"
 
 # Most specific first. Causes and remedies are written for a person reading them at a terminal.
 SIGNATURES: list[Signature] = [
     _sig("entrypoint-swallowed-command",
-         [r"(?:vllm|api_server\.py|vllm serve|\S+\.py): error: unrecognized arguments:.*?"
-          r"(?:^|[\s'\"])(?:serve|ray|start|torchrun|bash|sh|python3?|-c|/bin/\S+|\S+\.py|\S+\.sh|"
-          r"--nproc[-_]per[-_]node\S*|--rdzv\S*|--head|--block|--address\S*|--num-gpus\S*|"
-          r"--node-ip-address\S*)(?=[\s'\"=]|$)"],
+         # the first such message of a line only (a later one's words are the first's too), then a
+         # word the arguments hold: a program, a script or an option of what was meant to run
+         [r"^(?=(?P<head>.*?(?P<at>(?:vllm(?: serve)?|\S\.py): error: unrecognized arguments:)))(?P=head)"
+          r".*?[\s'\"](?:(?:serve|ray|start|torchrun|bash|sh|python3?|-c|--head|--block|[^\s'\"]+\.py|"
+          r"[^\s'\"]+\.sh)(?=[\s'\"=]|$)|/bin/\S|--rdzv|--nproc[-_]per[-_]node|--address|--num-gpus|"
+          r"--node-ip-address)"],
          "a command was swallowed by the image's ENTRYPOINT: what was meant to run (`ray start`, "
          "`torchrun`, a script, or `vllm serve` itself) was appended to the image's own command "
          "(`vllm/vllm-openai` images declare ENTRYPOINT [\"vllm\", \"serve\"]) and vLLM's argument "
@@ -119,7 +131,7 @@ SIGNATURES: list[Signature] = [
     _sig("no-gpu-in-container",
          [r"Failed to infer device type", r"No platform detected, vLLM is running on UnspecifiedPlatform",
           r"No CUDA GPUs are available", r"Found no NVIDIA driver on your system",
-          r"could not select device driver .* with capabilities: \[\[gpu\]\]",
+          r"could not select device driver .{0,200}? with capabilities: \[\[gpu\]\]",
           r"CUDA driver initialization failed"],
          "the container sees no GPU (started without the GPU flags, or the NVIDIA container runtime "
          "is missing on the node)",
@@ -128,8 +140,8 @@ SIGNATURES: list[Signature] = [
          phase="container", steps=ALL_STEPS),
     _sig("gpu-arch-unsupported",
          [r"no kernel image is available for execution on the device",
-          r"with CUDA capability sm_\d+\w* is not compatible with the current PyTorch installation",
-          r"Value 'sm_\d+\w*' is not defined for option 'gpu-name'"],
+          r"with CUDA capability sm_\d\w* is not compatible with the current PyTorch installation",
+          r"Value 'sm_\d\w*' is not defined for option 'gpu-name'"],
          "the image's PyTorch or kernels were not built for this GPU (GB10 is sm_121: it needs a "
          "CUDA 12.9+/13 build with Blackwell kernels)",
          "use an image built for the GPU (for DGX Spark one built for sm_121, e.g. NVIDIA's vLLM "
@@ -163,13 +175,14 @@ SIGNATURES: list[Signature] = [
           r"HFValidationError: Repo id must be in the form",
           r"Repository Not Found|RepositoryNotFoundError",
           r"Can't load the configuration of",
-          r"No such file or directory: '[^']*(?:config\.json|\.safetensors|tokenizer[^']*)'"],
+          r"No such file or directory: '(?=[^']*')"  # a quote closes it: each run below is read once
+          r"(?:[^']*(?:config\.json|\.safetensors)|[^']*tokenizer[^']*)'"],
          "the model path was not found",
          "put the model at model.path on every node (03_distribute_image.ipynb checks and copies it); the "
          "path is the one inside the container (check the mount)", phase="config"),
     _sig("unsupported-architecture",
-         [r"Model architectures? \[?[^\]]*\]? (?:are|is) not supported",
-          r"Model architectures? \[[^\]]*\] failed to be inspected",
+         [r"Model architectures? \[?[^\]]{0,500}\]? (?:are|is) not supported",
+          r"Model architectures? \[[^\]]{0,500}\] failed to be inspected",
           r"Transformers does not recognize this architecture",
           r"GGUF model with architecture \S+ is not supported"],
          "this vLLM (or the transformers inside the image) does not know the model's architecture",
@@ -195,7 +208,7 @@ SIGNATURES: list[Signature] = [
          "serving.gpu_memory_utilization, or use a smaller or more quantised model / an fp8 KV cache",
          phase="kv cache"),
     _sig("rdma-memlock",
-         [r"Call to ibv_reg_mr\w* failed", r"ibv_\w+(?:\(\))? failed.{0,40}Cannot allocate memory"],
+         [r"Call to ibv_reg_mr\w* failed", r"ibv_\w{1,40}(?:\(\) | )failed.{0,40}Cannot allocate memory"],
          "RDMA could not register (lock) memory: the container's locked-memory limit is too low",
          "start the containers with `--ulimit memlock=-1` and `--cap-add IPC_LOCK` (runtime.rdma) and "
          "check `ulimit -l` inside them", phase="distributed init", steps=ALL_STEPS,
@@ -294,7 +307,7 @@ SIGNATURES: list[Signature] = [
           r"tensor_parallel_size=\d+ is bigger than a reserved number of",
           r"world_size \(\d+\) is less than than max local gpu count",
           r"local_world_size \(\d+\) must be less than or equal to the number of visible devices",
-          r"number of required \w+ exceeds the total number of available \w+"],
+          r"number of required \w+ exceeds the total number of available \w"],
          "the tensor-parallel size exceeds the GPUs the cluster has",
          "every node must join with its GPU (04_ray_cluster.ipynb's GPU check); or lower "
          "serving.tensor_parallel_size", phase="ray", cleared_by=PROGRESS),
@@ -336,18 +349,20 @@ ORDER = {s.name: i for i, s in enumerate(SIGNATURES)}
 
 
 def clean(line: str) -> str:
-    """A log line without colour codes and carriage returns."""
-    return _ANSI.sub("", line).replace("\r", " ").rstrip()
+    """A log line without terminal control sequences (colour codes, titles, clipboard writes, other
+    control characters) and carriage returns, cut to LINE_WIDTH characters ("…" where it was cut)."""
+    cut = len(line) > LINE_WIDTH
+    return CONTROL.sub("", line[:LINE_WIDTH]).replace("\r", " ").rstrip() + ("…" if cut else "")
 
 
 def _prefixes(line: str) -> tuple[list[str], str]:
     """A line's process prefixes (``(EngineCore_DP0 pid=1392) (RayWorkerWrapper pid=451,
     ip=192.168.100.11)``): the node addresses they name, and what the line says after them."""
-    ips = []
-    while (m := _PREFIX.match(line)):
+    ips, at = [], 0
+    while (m := _PREFIX.match(line, at)):
         ips += [m["ip"]] if m["ip"] else []
-        line = line[m.end():]
-    return ips, line.strip()
+        at = m.end()
+    return ips, line[at:].strip()
 
 
 def _said(line: str) -> str:
@@ -365,21 +380,9 @@ def _evidence(line: str, sig: Signature, width: int = 300) -> str:
     line = line.strip()
     if len(line) <= width:
         return line
-    starts = [m.start() for p in sig.patterns if (m := p.search(line))]
+    starts = [m.start("at" if "at" in p.groupindex else 0) for p in sig.patterns if (m := p.search(line))]
     start = max(0, min(min(starts, default=0) - width // 3, len(line) - width))
     return ("…" if start else "") + line[start:start + width] + ("…" if start + width < len(line) else "")
-
-
-def _detail(lines: list[str], sig: Signature) -> str:
-    if sig.detail is None:
-        return ""
-    for i in range(len(lines) - 1, -1, -1):
-        if sig.detail.search(lines[i]):
-            said = _said(lines[i])
-            if said.endswith("Last error:") and i + 1 < len(lines):
-                said = f"{said} {_said(lines[i + 1])}"
-            return said[-300:]
-    return ""
 
 
 # Every pattern in one expression: one search rules out a line that matches nothing (nearly all).
@@ -394,57 +397,103 @@ def _first(table: list[Signature], line: str) -> Signature | None:
     return next((sig for sig in table if sig.matches(line)), None)
 
 
-def match(text: str, step: str | None = None, source: str = "") -> list[Match]:
-    """Every known failure in ``text``, most specific first. A line belongs to the first signature
-    (in table order) that matches it; ``step`` keeps the signatures that apply to that step. A
-    signature with ``cleared_by`` is dropped when a later line shows the start-up went on; a
-    ``hang`` signature counts only when its line is the last thing the log says (shutdown noise
-    after it aside). A message hard-wrapped onto the next line (a log pasted from a terminal or a
-    web page) is read across the break."""
-    table = [s for s in SIGNATURES if step is None or step in s.steps]
-    lines = [clean(ln) for ln in text.split("\n")]
-    alone = [_first(table, line) for line in lines]
-    claimed: dict[str, list[int]] = {}
-    joined: dict[int, str] = {}  # a message wrapped onto the next line (pasted from a terminal)
-    for i, sig in enumerate(alone):
-        if sig is None and i + 1 < len(lines) and alone[i + 1] is None and lines[i].strip():
-            head, tail = lines[i][-160:], lines[i + 1].lstrip()[:160]
+class Scan:
+    """What :func:`match` finds, read line by line in bounded memory (``feed`` each, then ``matches``):
+    a line is held until the next says whether a message wraps across them; of the rest each
+    signature keeps its count, its last line and whether a later line voided it."""
+
+    def __init__(self, step: str | None = None, source: str = ""):
+        self.table = [s for s in SIGNATURES if step is None or step in s.steps]
+        self.source, self.lines = source, 0
+        self.hits: dict[str, list] = {}  # name -> [lines claimed, the last one's index, its text]
+        self.cleared: set[str] = set()  # claimed, then voided by a later line (cleared_by)
+        self.said: tuple[int, str | None] = (-1, None)  # the last line not noise, and who claimed it
+        self.clearing = [s for s in self.table if s.cleared_by]
+        self.details = {s.detail.pattern: s.detail for s in self.table if s.detail}
+        self.detail: dict[str, list] = {}  # pattern -> [what its last line says, waits for the next]
+        self.held: tuple[int, str, Signature | None] | None = None
+
+    def feed(self, line: str) -> None:
+        """Read the next line (without its newline)."""
+        i, line = self.lines, clean(line)
+        self.lines += 1
+        alone = _first(self.table, line)
+        if self.held:
+            self._settle(line, alone)
+        for s in self.clearing:
+            if s.name in self.hits and s.cleared_by.search(line):
+                self.cleared.add(s.name)
+        said = _said(line)
+        if not _NOISE.search(said):
+            self.said = (i, None)
+        for key, pattern in self.details.items():
+            if (last := self.detail.get(key)) and last[1]:  # "Last error:" says it on the next line
+                last[:] = [f"{last[0]} {said}", False]
+            if pattern.search(line):
+                self.detail[key] = [said, said.endswith("Last error:")]
+        self.held = (i, line, alone)
+
+    def _settle(self, after: str | None, after_alone: Signature | None = None) -> None:
+        """Claim the held line for the first signature that matches it, alone or (when neither it
+        nor the next line matches one alone) joined to the next line as a wrapped message."""
+        i, line, sig = self.held
+        text, self.held = line, None
+        if sig is None and after is not None and after_alone is None and line.strip():
+            head, tail = line[-160:], after.lstrip()[:160]
             for glue in ("", " "):
-                if tail and (sig := _first(table, head + glue + tail)):
-                    joined[i] = lines[i] + glue + lines[i + 1].lstrip()
+                if tail and (sig := _first(self.table, head + glue + tail)):
+                    text = line + glue + after.lstrip()
                     break
         if sig is not None:
-            claimed.setdefault(sig.name, []).append(i)
-    said = [i for i, ln in enumerate(lines) if not _NOISE.search(_said(ln))]
-    found = []
-    for sig in table:
-        where = claimed.get(sig.name)
-        if not where:
-            continue
-        last = where[-1]
-        if sig.cleared_by and any(sig.cleared_by.search(ln) for ln in lines[last + 1:]):
-            continue
-        if sig.hang and (not said or said[-1] not in where):
-            continue
-        found.append(Match(sig.name, sig.cause, sig.remedy, _evidence(joined.get(last, lines[last]), sig),
-                           last + 1, len(where), sig.phase, _detail(lines, sig), source))
-    return found
+            hit = self.hits.setdefault(sig.name, [0, i, text])
+            hit[:] = [hit[0] + 1, i, text]
+            self.cleared.discard(sig.name)
+            if self.said[0] == i:
+                self.said = (i, sig.name)
+
+    def matches(self) -> list[Match]:
+        """Every known failure read so far, most specific first (see :func:`match`)."""
+        if self.held:
+            self._settle(None)
+        found = []
+        for sig in self.table:
+            voided = sig.name in self.cleared or (sig.hang and self.said[1] != sig.name)
+            if sig.name not in self.hits or voided:
+                continue
+            count, last, text = self.hits[sig.name]
+            detail = self.detail.get(sig.detail.pattern, [""])[0][-300:] if sig.detail else ""
+            found.append(Match(sig.name, sig.cause, sig.remedy, _evidence(text, sig), last + 1, count,
+                               sig.phase, detail, self.source))
+        return found
 
 
-def first(text: str, step: str | None = None) -> Match | None:
+def match(text: str | Iterable[str], step: str | None = None, source: str = "") -> list[Match]:
+    """Every known failure in ``text`` (or in its lines, read one at a time), most specific first.
+    A line belongs to the first signature (in table order) that matches it; ``step`` keeps the
+    signatures that apply to that step. A signature with ``cleared_by`` is dropped when a later
+    line shows the start-up went on; a ``hang`` signature counts only when its line is the last
+    thing the log says (shutdown noise after it aside). A message hard-wrapped onto the next line
+    (a log pasted from a terminal or a web page) is read across the break."""
+    scan = Scan(step, source)
+    for line in text.split("\n") if isinstance(text, str) else text:
+        scan.feed(line)
+    return scan.matches()
+
+
+def first(text: str | Iterable[str], step: str | None = None) -> Match | None:
     """The most specific known failure in ``text``, or None."""
     found = match(text, step)
     return found[0] if found else None
 
 
-def most_specific(texts: dict[str, str], step: str | None = None) -> Match | None:
-    """The most specific known failure across several logs (``source`` -> text), each read on its
-    own, or None."""
+def most_specific(texts: dict[str, str | Iterable[str]], step: str | None = None) -> Match | None:
+    """The most specific known failure across several logs (``source`` -> text, or its lines),
+    each read on its own, or None."""
     hits = [found[0] for source, text in texts.items() if (found := match(text, step, source))]
     return min(hits, key=lambda h: ORDER[h.name], default=None)
 
 
 def last_error(text: str, width: int = 200) -> str:
     """The last error-looking line of ``text`` (for a failure no signature names), or ''."""
-    errors = [_said(clean(ln)) for ln in text.split("\n") if ERROR_LINE.search(ln)]
-    return errors[-1][:width] if errors else ""
+    errors = [ln for line in text.split("\n") if ERROR_LINE.search(ln := clean(line))]
+    return _said(errors[-1])[:width] if errors else ""

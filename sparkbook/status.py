@@ -18,6 +18,12 @@ A step's state comes from the two records a run folder keeps of it:
 The newer record decides. A verdict older than the run its summary records is another run's: its
 counts are not shown beside that run's state. A notebook run by hand whose cell raised before its
 verdict leaves no record, so the step shows what an earlier record says.
+
+The run folder may be one received from elsewhere (a bug report, a colleague's): it is read as
+``sparkbook report`` reads one (:mod:`sparkbook.runfolder`, every file checked against its shape,
+no link followed). A summary.json that cannot be read is an error of one line (the steps' states
+would be a guess); any other piece that cannot be read is left out, and the headline names it and
+why, one line each. Text from the folder is shown as one line, control characters escaped.
 """
 
 from __future__ import annotations
@@ -27,11 +33,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from . import fingerprint
 from .bugreport import latest_run
 from .errors import SparkbookError
+from .fingerprint import FILE as FINGERPRINT
 from .params import Params, project_root
-from .report import load_json
+from .runfolder import RunFolder, Unreadable, one_line, read
 from .runner import discover
 from .serving.inspection import CACHE as INSPECTION
 from .tables import Table
@@ -69,10 +75,10 @@ class StepState:
     def failures(self, limit: int = FIRST_FAILURES) -> list[str]:
         """The first failed checks (``check on node: observed``), else the first line of the run's
         error."""
-        found = [f"{c.check}{f' on {c.node}' if is_node(c.node) else ''}: {c.observed or 'failed'}"
+        found = [one_line(f"{c.check}{f' on {c.node}' if is_node(c.node) else ''}: {c.observed or 'failed'}")
                  for c in (self.verdict.failures if self.verdict else [])]
-        if not found and self.error:
-            found = [self.error.strip().splitlines()[0]]
+        if not found and self.error.strip():
+            found = [one_line(self.error.strip().split("\n")[0])]
         return found[:limit] + ([f"and {len(found) - limit} more"] if len(found) > limit else [])
 
 
@@ -87,6 +93,7 @@ class Picture:
     summary: dict = field(default_factory=dict)
     versions: str = ""
     foreign: str = ""  # the deployment a summary in the run folder belongs to, when not this one
+    unreadable: dict[str, str] = field(default_factory=dict)  # a piece of the run folder -> why, left out
 
     def headline(self) -> str:
         p = self.params
@@ -96,12 +103,13 @@ class Picture:
             lines.append("run folder: none yet (every step not run)")
         else:
             s = self.summary
-            run = (f" (sparkbook run {s.get('status', '?')}, started {s.get('started', '?')})" if s
-                   else " (notebooks run by hand)" if any(st.state != NOT_RUN for st in self.steps)
+            run = (f" (sparkbook run {one_line(s.get('status') or '?')}, started {one_line(s.get('started') or '?')})"
+                   if s else " (notebooks run by hand)" if any(st.state != NOT_RUN for st in self.steps)
                    else " (nothing recorded yet)")
-            lines.append(f"run folder: {self.run_dir}{run}")
+            lines.append(f"run folder: {one_line(str(self.run_dir), 1000)}{run}")
             if self.foreign:
-                lines.append(f"(its summary.json is of deployment {self.foreign!r}, not this one's: not read)")
+                lines.append(f"(its summary.json is of deployment {one_line(self.foreign)!r}, not this one's: not read)")
+            lines += [f"unreadable, left out: {name}: {why}" for name, why in self.unreadable.items()]
         if self.versions:
             lines.append(f"versions: {self.versions}")
         return "\n".join(lines)
@@ -143,32 +151,36 @@ def _parse_time(text: object) -> datetime | None:
     return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
-def _mtime(path: Path) -> datetime:
-    return datetime.fromtimestamp(path.stat().st_mtime, timezone.utc)
+def _written(path: Path) -> datetime | None:
+    """When the file ``path`` (read already, no link on its way) was written; None when it is gone."""
+    try:
+        return datetime.fromtimestamp(path.lstat().st_mtime, timezone.utc)
+    except (OSError, ValueError, OverflowError):
+        return None
 
 
 def summary_ends(summary: dict) -> dict[str, tuple[str, datetime | None, str]]:
     """Each step that ``sparkbook run`` ran: (status, when it ended, error); see the module."""
     t, out = _parse_time(summary.get("started")), {}
     for s in summary.get("steps", []):
-        if t is not None:
-            t += timedelta(seconds=float(s.get("duration_s") or 0))
+        try:
+            t = t + timedelta(seconds=float(s.get("duration_s") or 0)) if t is not None else None
+        except OverflowError:  # past the year 9999: a received summary's
+            t = None
         if s.get("status") in (PASSED, FAILED, INTERRUPTED):
             out[s["name"]] = (s["status"], t, s.get("error") or "")
     return out
 
 
-def step_state(name: str, run_dir: Path | None, summary: dict) -> StepState:
-    """The state of the step ``name`` in ``run_dir`` (see the module for which record decides)."""
+def step_state(name: str, summary: dict, verdict: Verdict | None = None, written: datetime | None = None) -> StepState:
+    """The state of the step ``name`` from the run's ``summary`` and its ``verdict`` (written at
+    ``written``), see the module for which record decides."""
     st = StepState(name)
-    if run_dir is None:
-        return st
-    path = run_dir / "verdicts" / f"{name}.json"
-    data = load_json(path)
-    verdict, written = (Verdict.from_json(data), _mtime(path)) if isinstance(data, dict) else (None, None)
+    if written is None:
+        verdict = None
     ran = summary_ends(summary).get(name)
     started = _parse_time(summary.get("started"))
-    if ran and not (written and ran[1] and written > ran[1] + timedelta(seconds=LATER_S)):
+    if ran and not (written and ran[1] and (written - ran[1]).total_seconds() > LATER_S):
         st.state, st.when, st.error = ran
         if verdict is not None and started is not None and written >= started:
             st.verdict = verdict  # this run's verdict
@@ -177,32 +189,46 @@ def step_state(name: str, run_dir: Path | None, summary: dict) -> StepState:
     return st
 
 
-def versions(run_dir: Path | None) -> str:
+def versions(folder: RunFolder | None) -> str:
     """The serving image and the runtime's versions the run folder recorded: its fingerprint's,
-    else 05's image inspection's; "" when it has neither."""
-    if run_dir is None:
+    else 05's image inspection's; "" when it has neither (or they cannot be read)."""
+    if folder is None:
         return ""
-    fp = fingerprint.load(run_dir)
+    fp = folder.fingerprint()
     if fp and fp.versions:
         rows = dict(fp.rows())
-        return f"{rows['versions']} (image {rows['image']}; {fingerprint.FILE} of {fp.created[:16]})"
-    info = load_json(run_dir / INSPECTION) or {}
+        return one_line(f"{rows['versions']} (image {rows['image']}; {FINGERPRINT} of {fp.created[:16]})")
+    info = folder.read(INSPECTION) or {}
     found = " · ".join(f"{shown} {info[k]}" for k, shown in INSPECTED if info.get(k))
-    return f"{found} (image {info.get('image')}; {INSPECTION})" if found else ""
+    return one_line(f"{found} (image {info.get('image')}; {INSPECTION})") if found else ""
+
+
+def read_summary(run_dir: Path | None) -> dict:
+    """The run folder's summary.json, checked; {} when there is none. SparkbookError, one line,
+    when it cannot be read (as ``sparkbook report`` says it)."""
+    try:
+        return (read(run_dir, "summary.json") if run_dir else None) or {}
+    except Unreadable as e:
+        raise SparkbookError(f"{run_dir}: not a run folder that can be read: {e}") from None
 
 
 def picture(params: Params, source: str | Path, run_dir: str | Path | None = None,
             notebooks_dir: Path | None = None, root: Path | None = None) -> Picture:
     """The deployment of ``params`` (read from ``source``) in its run folder (``run_dir``, else
     the newest; ``root``: the project folder whose ``outputs/`` holds them)."""
-    folder = run_folder(params, run_dir, root)
-    summary = (load_json(folder / "summary.json") if folder else None) or {}
-    foreign = summary.get("deployment") if summary.get("deployment") not in (None, params.name) else ""
+    path = run_folder(params, run_dir, root)
+    ran = read_summary(path)
+    foreign = ran.get("deployment") if ran.get("deployment") not in (None, params.name) else ""
     if foreign:  # a run folder given by hand ($SPARKBOOK_RUN_DIR) that another deployment ran in
-        summary = {}
+        ran = {}
+    folder = RunFolder(path) if path else None
+    found = dict(folder.verdicts()) if folder else {}
     names = [nb.stem for nb in discover(notebooks_dir or (root or project_root()) / "notebooks")]
-    return Picture(params, Path(source), folder, [step_state(n, folder, summary) for n in names],
-                   summary, versions(folder), str(foreign or ""))
+    steps = [step_state(n, ran, found.get(n), _written(path / "verdicts" / f"{n}.json") if n in found else None)
+             for n in names]
+    shown = versions(folder)  # before what is unreadable is taken: it reads two more pieces
+    return Picture(params, Path(source), path, steps, ran, shown, str(foreign or ""),
+                   dict(folder.unreadable) if folder else {})
 
 
 # ------------------------------------------------------------------------------ the nodes now

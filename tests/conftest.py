@@ -23,8 +23,9 @@ FIELD_SAMPLES = SHARED / "field-samples"
 LAB_FIXTURES = {"lab", "params", "cluster"}
 
 
-# Modules whose lab tests run on 4 nodes (`resized`). They run last: a lab resized comes back
-# without the serving image on its workers, which the next 2-node test would copy again (4 GB).
+# Modules whose lab tests run on 4 nodes (`resized`). They run last: going back to 2 nodes makes a
+# new worker, and the session's 2-node lab is left as the 2-node tests expect it (its worker gets
+# the serving image by a real copy, once, from the first test that needs it there).
 FOUR_NODES = {"test_distribute.py", "test_e2e_quad.py"}
 
 
@@ -228,13 +229,13 @@ def resized(lab, n: int):
     a new lab, or the one of that size already up with what an earlier test left removed. It stays
     that size: the next 2-node test brings the 2 back (``lab_size``), and the 4-node modules run
     last (pytest_collection_modifyitems), so that happens only when one is run alone. The workers
-    of a new lab come up without the serving image: tests that need it there copy it first (03, or
-    ensure_image)."""
+    of a new lab come up holding the head's images (``seed_images``: hard links, in a moment),
+    spared a copy of the 4 GB serving image each; images a test builds later are on the head only."""
     if len(lab.nodes()) == n:
         clean_lab(lab, say=lambda *_: None)
     else:
         lab.down(say=lambda *_: None)
-        lab.up(n, say=lambda *_: None)
+        lab.up(n, say=lambda *_: None, seed_images=True)
     yield lab
 
 

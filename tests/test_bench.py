@@ -317,10 +317,11 @@ def test_the_step_runs_records_plots_and_concludes(tmp_path):
 def test_the_step_sends_the_api_key_of_the_parameters(tmp_path, monkeypatch):
     """A vLLM that requires a key: every benchmark request carries the one serving.api_key_env names."""
     key = "sk-sparkbook-bench-key-0123456789"
-    monkeypatch.setenv("SBK_TEST_API_KEY", key)
+    monkeypatch.setenv("SPARKBOOK_API_HOSTS", "127.0.0.1")  # the fake vLLM: where the key may go
+    monkeypatch.setenv("SPARKBOOK_TEST_API_KEY", key)
     data = yaml.safe_load((Path(__file__).parents[1] / "parameters" / "localhost.yaml").read_text())
     with FakeOpenAI(api_key=key) as server:
-        data["serving"].update(api_url=server.url, served_model_name="fake-model", api_key_env="SBK_TEST_API_KEY")
+        data["serving"].update(api_url=server.url, served_model_name="fake-model", api_key_env="SPARKBOOK_TEST_API_KEY")
         data["benchmark"] = BENCH.model_copy(update={"references": [], "request_rates": []}).model_dump()
         ctx = notebook.Context(validate(data), "test", tmp_path / "run", step)
         outcome = ctx.run(warmup=0, depth_requests=1, **QUIET)

@@ -27,6 +27,7 @@ from sparkbook.params import validate
 from sparkbook.redact import _forms
 from sparkbook.remote import Cluster
 from sparkbook.serving.containers import docker_run, named
+from sparkbook.serving.logs import collect_logs
 from sparkbook.serving.state import remove, replace
 from sparkbook.tables import Table
 from test_serving import fake_tools
@@ -34,7 +35,7 @@ from test_serving import fake_tools
 # A Hugging Face token in the variable the parameters name (not a name masked by its look), with
 # characters that JSON, HTML and shell escape
 CANARY = 'hf_coLLect"CANARY&<9f3a>7c1d5b8e'
-ENV_NAME = "SB_COLLECT_HUB_CRED"
+ENV_NAME = "SPARKBOOK_COLLECT_HUB_CRED"
 CONTAINER = "sparkbook-t-vllm"
 
 # docker as the node scripts call it: an image, one container of the deployment that exited with
@@ -44,7 +45,7 @@ DOCKER = r"""case "$*" in
   "image inspect --format {{.Id}} -- img:1") echo sha256:0123456789abcdef;;
   "image inspect "*) printf 'PATH=/usr/bin\nCUDA_VERSION=13.0.1\nNCCL_VERSION=2.27.7-1\nHF_TOKEN=%s\n' "$FAKE_CANARY";;
   "run "*) echo 'VERSIONS {"python": "3.12.3", "packages": {"vllm": "0.17.1", "torch": "2.9.0+cu130", "ray": "2.54.0", "transformers": "4.57.1"}, "torch_cuda": "13.0", "nccl": "2.27.7"}';;
-  "ps -a --filter label=sparkbook=t --format {{.Names}}") echo sparkbook-t-vllm;;
+  "ps -a --filter label=sparkbook=t --filter label=sparkbook.owner="*" --format {{.Names}}") echo sparkbook-t-vllm;;
   "ps "*) printf 'sparkbook-t-vllm\timg:1\tExited (1) 2 minutes ago\n';;
   "inspect --format image="*) printf 'image=img:1 sha256:0123456789abcdef\nstate=exited exit=1 oom=false started=x\ncommand="vllm" ["serve"]\n';;
   "inspect "*) printf 'NCCL_SOCKET_IFNAME=eth9\nNCCL_DEBUG=INFO\nVLLM_PLUGIN_CRED=%s\nHF_TOKEN=%s\nRAY_AUTH_TOKEN=%s\nPATH=/bin\n' "$FAKE_CANARY" "$FAKE_CANARY" "$FAKE_CANARY";;
@@ -160,7 +161,7 @@ def test_the_archive_holds_no_form_of_the_secret_and_names_the_failures(tmp_path
             f"nodes/n1/container_{CONTAINER}.txt", f"nodes/n1/container_env_{CONTAINER}.txt",
             f"nodes/n1/{CONTAINER}.log", "nodes/n1/processes.txt", "nodes/n1/smi-q.txt",
             "nodes/n1/memlock.txt", "nodes/n1/kernel_log.txt", f"nodes/n1/{CONTAINER}.raylet.out",
-            f"nodes/n1/{CONTAINER}.gcs_server.out", f"nodes/n1/{CONTAINER}.oom-kills.txt", "nodes/n1/ray_status.txt"} <= set(files)
+            f"nodes/n1/{CONTAINER}.gcs_server.out", f"nodes/n1/{CONTAINER}.oom-kills.txt"} <= set(files)
     assert not [n for n in files if n.startswith("nodes/n2/") and n != "nodes/n2/unreachable.txt"]
     assert b"NCCL WARN NET/IB" in files[f"nodes/n1/{CONTAINER}.log"]
     # the kernel log (the previous boot's is not kept here: no file), nvidia-smi -q whole, Ray's logs
@@ -276,6 +277,42 @@ def test_the_cli_collects_the_newest_run_with_its_own_parameters(tmp_path, canar
     (older / "parameters.yaml").unlink()
     with pytest.raises(Exception, match="no parameters.yaml: name the parameters with -p FILE"):
         target(older, None)
+
+
+# the node as 05/08's log collection (collect_logs.sh) sees it: docker lists sparkbook's container
+# when asked for label sparkbook, and another program's too when not; ps, asked for the uid column,
+# lists a process of this login and one of another login with a secret in its arguments
+LOGS_DOCKER = r"""case "$*" in
+  "ps -a --filter label=sparkbook --format "*) printf 'sparkbook-t-vllm\timg:1\tExited (1) 2 minutes ago\n';;
+  "ps "*) printf 'sparkbook-t-vllm\timg:1\tExited (1) 2 minutes ago\nothers-db\tpostgres:16\tUp 3 days\n';;
+  "logs "*) echo 'INFO starting';;
+  *) echo "docker: no such command here: $*" >&2; exit 1;;
+esac
+"""
+OTHERS_SECRET = "OTHER-LOGIN-SECRET-5a7c"
+PS = r"""[ "$*" = "-eo pid,ppid,etime,rss,uid,args --sort=-rss" ] || { echo "ps: not asked so: $*" >&2; exit 9; }
+me=$(id -u)
+printf '    PID    PPID     ELAPSED   RSS   UID COMMAND\n'
+printf '   4242       1    01:02:03 90000 %5d python3 -m vllm.entrypoints.openai.api_server --port 8000\n' "$me"
+printf '   5151       1       12:00 80000 %5d /usr/bin/mysql -u admin -p%s\n' "$((me + 1))" "$FAKE_OTHERS_ARG"
+"""
+
+
+def test_log_collection_shows_another_logins_process_by_its_program_and_only_sparkbooks_containers(
+        tmp_path, monkeypatch):
+    """processes.log and containers.log land in the run folder, and so in shared reports: a process
+    of this login (the SSH user) keeps its arguments, another login's shows its program alone (its
+    command line may hold its secrets); only containers labelled sparkbook are listed."""
+    monkeypatch.setenv("FAKE_OTHERS_ARG", OTHERS_SECRET)
+    fake_tools(tmp_path, monkeypatch, docker=LOGS_DOCKER, ps=PS)
+    params = validate(deployment(tmp_path))
+    folder = collect_logs(params, Cluster.from_params(params), tmp_path / "run")["n1"]
+    processes = (folder / "processes.log").read_text().splitlines()
+    assert processes[0].split() == ["PID", "PPID", "ELAPSED", "RSS", "UID", "COMMAND"]
+    assert processes[1].split()[5:] == ["python3", "-m", "vllm.entrypoints.openai.api_server", "--port", "8000"]
+    assert processes[2] == f"5151 1 12:00 80000 {os.getuid() + 1} /usr/bin/mysql" and len(processes) == 3
+    assert [p.name for p in folder.iterdir() if OTHERS_SECRET in p.read_text()] == []
+    assert (folder / "containers.log").read_text() == "sparkbook-t-vllm\timg:1\tExited (1) 2 minutes ago"
 
 
 # ------------------------------------------------------------------------------------------ lab

@@ -101,6 +101,14 @@ def test_no_table_no_run_and_prefixed_lines_still_parse():
     assert run and len(run.rows) == 3 and run.hosts == ["spark-fb97", "spark-4440"]
 
 
+
+def test_a_row_of_digits_python_counts_but_int_refuses_is_no_row():
+    """'²' is a digit to str.isdigit(), not to int(): such a row (a log's noise) is skipped, no crash."""
+    lines = (FIXTURES / "nccl-tests-allgather-spark-1.txt").read_text().splitlines()[2:]
+    row = next(ln for ln in lines if ln.split()[:1] and ln.split()[0].isdigit())
+    run = nccltests.parse("\n".join(lines + [row.replace(row.split()[0], "²", 1)]))
+    assert run and len(run.rows) == 3
+
 # --- the plateau ---------------------------------------------------------------------------------
 
 def test_the_plateau_of_a_healthy_published_pair_passes_the_pair_bar():

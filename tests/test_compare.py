@@ -262,3 +262,73 @@ def test_a_profile_run_compares_by_concurrency_from_its_depth_0_row(outputs):
     peak = re.search(r"<tr><td><b>peak output throughput</b></td>(.*?)</tr>", side).group(1)
     assert peak.count("tok/s at concurrency 2") == 2, peak  # both runs, the profile's too
     assert "c=2: output tok/s" in side and "Absent in" not in text(page)  # the benchmark plot has both
+
+
+# ------------------------------------------------------------------------ received run folders
+
+HOSTILE = "before\n\n[x](javascript:alert(1)) <script>alert(1)</script>\n\n<img src=x onerror=alert(1)> after"
+LIVE = re.compile(r"""href\s*=\s*["']?\s*javascript:|<script|<img[^>]*onerror""", re.I)
+
+
+def flat(page: str) -> str:
+    return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", page)))
+
+
+def test_a_planted_compare_html_is_replaced_not_written_through_and_a_linked_run_not_read(outputs, tmp_path):
+    import os
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "somefile").write_text("keep me")
+    (outputs / "b-base" / "compare.html").symlink_to(outside / "somefile")
+    (outside / "hard").write_text("keep me too")
+    os.link(outside / "hard", outputs / "c-new" / "compare.html")
+    (outputs / "y-linked").symlink_to(make_run(outside, "evil", started="2026-11-29T00:00:00+00:00", busbw=9.99))
+    page = compare.build([outputs / "b-base", outputs / "c-new"])
+    assert (outside / "somefile").read_text() == "keep me" and not page.is_symlink() and "b-base" in page.read_text()
+    compare.build([outputs / "c-new", outputs / "b-base"])
+    assert (outside / "hard").read_text() == "keep me too"
+    history = page.read_text().split("<h2>History")[1]
+    assert "y-linked" not in history and "9.99" not in history  # a sibling that is a link is no run of these
+
+
+def test_a_bad_run_beside_a_good_one_is_named_with_why(outputs, tmp_path, capsys):
+    bad = outputs / "c-new"
+    (bad / "serving.json").write_text(json.dumps({"action": "restarted", "ready": True, "seconds": "58.5"}))
+    res = json.loads((bad / "benchmark" / "results.json").read_text())
+    res["concurrency"][0]["output_tok_s"] = 1e308  # matplotlib's axes overflow on it
+    (bad / "benchmark" / "results.json").write_text(json.dumps(res))
+    (bad / "verdicts" / "02_collectives.json").write_bytes(b'{"title": "collectives", "key_numbers": [["a"')
+    assert main(["compare", str(outputs / "b-base"), str(bad), "--out", str(tmp_path / "o")]) == 0
+    page = (tmp_path / "o" / "compare.html").read_text()
+    measured = flat(page.split("<h2>Measured</h2>")[1].split("</table>")[0])
+    assert "vLLM start-up 70.0 s (restarted, ray) unreadable: seconds: Input should be a valid number (got '58.5')" in measured
+    assert re.search(r"benchmark grid 128 in / 32 out tokens, .*? unreadable: concurrency\[0\]\.output_tok_s: Input "
+                     r"should be less than or equal to 1000000000000 \(got 1e\+308\) ", measured), measured
+    runs = flat(page.split("<h2>Runs</h2>")[1].split("</table>")[0])
+    assert "verdicts/02_collectives.json : not JSON: Expecting ',' delimiter (line 1, column 46)" in runs, runs
+    assert "serving.json : seconds: Input should be a valid number (got '58.5')" in runs
+    # a folder of which nothing can be read: an error that names it and why, in one line
+    received = tmp_path / "received"
+    received.mkdir()
+    (received / "summary.json").write_bytes(b"\xff\xfe{}")
+    assert main(["compare", str(outputs / "b-base"), str(received)]) == 2
+    assert capsys.readouterr().err == (f"sparkbook: {received}: not a run folder that can be read: summary.json: "
+                                       "not UTF-8 (byte 0xff at offset 0)\n")
+
+
+def test_hostile_values_and_the_largest_numbers_a_shape_lets_through_draw_inert(tmp_path):
+    runs = [make_run(tmp_path, n, started=f"2026-11-30T1{i}:00:00+00:00", busbw=1e12 / (i + 1), startup=1e12,
+                     tok_s=(1e12, 1e11)) for i, n in enumerate(("a", "b"))]
+    for d in runs:
+        s = json.loads((d / "summary.json").read_text())
+        (d / "summary.json").write_text(json.dumps({**s, "deployment": HOSTILE, "status": HOSTILE}))
+        (d / "verdicts" / "09_x.json").write_text(json.dumps({"key_numbers": [[HOSTILE, HOSTILE]]}))
+        c = json.loads((d / "collectives.json").read_text())
+        c["result"].update(backend=HOSTILE, rows=[{"bytes": 2 ** 62, "busbw_gbs": 1e12}, *c["result"]["rows"]])
+        (d / "collectives.json").write_text(json.dumps(c))
+    fingerprint.save(fingerprint_of(HOSTILE), runs[0])
+    fingerprint.save(fingerprint_of("--enforce-eager", image=HOSTILE), runs[1])
+    page = compare.build(runs).read_text()
+    assert not LIVE.search(page)
+    assert flat(page).count("[x](javascript:alert(1)) <script>alert(1)</script>") >= 6
+    assert len(re.findall(r"src='data:image/png;base64,", page)) == 4

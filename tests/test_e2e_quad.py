@@ -1,10 +1,12 @@
 """The whole runbook on a 4-node lab, 00 to 08, the way a Spark owner with four boxes on a switch
 runs it: tensor parallel 2 x pipeline parallel 2 over the Ray executor, with the parameters file
-that `sparkbook lab up --nodes 4` writes. The session's 2-node lab is taken down for it and brought
-back after (its workers then lack the image: tests that need it run 03 first)."""
+that `sparkbook lab up --nodes 4` writes. The session's 2-node lab is taken down for it (the new
+workers come up holding the head's images: tests/conftest.py's `resized`), and a 2-node test run
+after it gets its 2 nodes back."""
 
 import json
 import re
+import urllib.request
 
 import pytest
 import yaml
@@ -12,6 +14,7 @@ import yaml
 from conftest import resized
 from jupyterlab_harness import light_params
 from sparkbook.lab import params_file
+from sparkbook.params import load
 from sparkbook.runner import run
 
 STEPS = ["00_inventory", "01_preflight", "02_collectives", "03_distribute_image", "04_ray_cluster",
@@ -21,8 +24,8 @@ NODES = [f"spark-{i}" for i in range(1, 5)]
 
 @pytest.fixture(scope="module")
 def quad_runs(lab, tmp_path_factory):
-    """The whole runbook on 4 nodes; then 04 to 08 again with only spark-1 and spark-3 serving
-    (tensor parallel 2), the other two left out of Ray and vLLM. The parameters are the lab's 4-node
+    """The whole runbook on 4 nodes; then 04, 05, a chat request and 08 with only spark-1 and
+    spark-3 serving (tensor parallel 2), the other two left out of Ray and vLLM. The parameters are the lab's 4-node
     file made lighter as the JupyterLab test does (fewer benchmark levels, a shorter all-reduce
     sweep; the soak as it is, long enough to judge its drift): what 4 nodes prove is the layout,
     the fan-out and the two-stage engine, not the numbers."""
@@ -37,7 +40,20 @@ def quad_runs(lab, tmp_path_factory):
         subset_file = out.parent / "quad-subset.yaml"
         subset_file.write_text(yaml.safe_dump(data))
         subset = tmp_path_factory.mktemp("quad-subset")
-        return (out, whole), (subset, run(subset_file, steps="04,05,06,08", out=subset, report=False))
+        served = run(subset_file, steps="04,05", out=subset, report=False)
+        # one chat request through the two stages' all-reduce between spark-1 and spark-3 (06's
+        # checks are the whole runbook's above; here the layout is what is new)
+        chat = _post(load(subset_file).endpoint + "/v1/chat/completions", {
+            "model": data["model"]["path"], "max_tokens": 8, "ignore_eos": True,
+            "messages": [{"role": "user", "content": "Hi"}]}) if served["status"] == "passed" else None
+        torn = run(subset_file, steps="08", out=subset, report=False)
+        return (out, whole), (subset, served["steps"] + torn["steps"], chat)
+
+
+def _post(url, data):
+    req = urllib.request.Request(url, json.dumps(data).encode(), {"Content-Type": "application/json"})
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=120) as r:
+        return json.loads(r.read())
 
 
 @pytest.fixture(scope="module")
@@ -87,9 +103,10 @@ def test_the_report_shows_a_node_by_check_matrix(quad_run):
 
 
 def test_a_subset_serves_while_the_other_nodes_stay_out_of_ray_and_vllm(quad_runs):
-    out, summary = quad_runs[1]
-    assert [(s["name"], s["status"]) for s in summary["steps"]] == [
-        (s, "passed") for s in ("04_ray_cluster", "05_serve", "06_smoke_test", "08_teardown")], summary
+    out, steps, chat = quad_runs[1]
+    assert [(s["name"], s["status"]) for s in steps] == [
+        (s, "passed") for s in ("04_ray_cluster", "05_serve", "08_teardown")], steps
+    assert chat["usage"]["completion_tokens"] == 8, chat
     serving = json.loads((out / "serving.json").read_text())
     assert serving["ray_workers"] == {"spark-1": 1, "spark-3": 1}
     ray = {c["node"] for c in verdict(out, "04_ray_cluster")["checks"] if c["check"] == "in the Ray cluster"}

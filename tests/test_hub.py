@@ -23,7 +23,7 @@ from sparkbook.lab.hubserver import HubServer
 from sparkbook.params import load, validate
 from sparkbook.serving.commands import secrets_path
 from sparkbook.remote import Cluster
-from sparkbook.scripts.hub_download import STATE, parse_line
+from sparkbook.scripts.hub_download import STATE, _SameOriginAuth, parse_line
 from sparkbook.steps import distribute as step
 from sparkbook.verdict import FAIL, PASS, SKIP
 
@@ -155,6 +155,20 @@ def test_a_damaged_transfer_is_caught_and_its_partial_file_removed(hub, source, 
     assert r.returncode == 1 and done["kind"] == "verify" and weights.name in done["error"]
     assert not (tmp_path / "model" / weights.name).exists()
     assert not list((tmp_path / "model" / STATE).glob("*.incomplete"))
+
+
+@pytest.mark.parametrize("to, kept", [
+    ("https://hub.example/b", True),
+    ("http://hub.example/b", False),       # the same host in plain HTTP: anyone on the path reads it
+    ("https://hub.example:8443/b", False),  # another port: another server, whoever runs it
+    ("https://cdn.example/b", False),      # the CDN's signed URL needs no token
+])
+def test_a_redirect_keeps_the_token_only_on_the_same_scheme_host_and_port(to, kept):
+    req = urllib.request.Request("https://hub.example/a")
+    req.add_unredirected_header("Authorization", f"Bearer {TOKEN}")
+    new = _SameOriginAuth().redirect_request(req, None, 302, "Found", {}, to)
+    assert new.full_url == to and (new.unredirected_hdrs.get("Authorization") == f"Bearer {TOKEN}") is kept
+    assert "Authorization" not in new.headers
 
 
 def test_progress_lines_parse():

@@ -68,12 +68,14 @@ def test_inventory_parse_of_a_failing_nvidia_smi():
 
 
 def _lab_params(local=False, **model):
+    """The lab's parameters (one local node); ``model`` set past validation, which refuses a path
+    with shell characters (tests/test_params_hostile.py): the scripts must stay safe without it."""
     data = yaml.safe_load((ROOT / "parameters" / "lab.yaml").read_text())
-    data["model"].update(model)
     if local:  # one node: this machine, without SSH
         data.update(lab=False, nodes=[{"name": "here", "host": "localhost", "local": True, "role": "head"}])
         data["serving"]["tensor_parallel_size"] = 1
-    return validate(data)
+    params = validate(data)
+    return params.model_copy(update={"model": params.model.model_copy(update=model)})
 
 
 def test_values_are_arguments_never_part_of_the_script():

@@ -466,3 +466,39 @@ def test_a_clean_lab_is_left_as_it_is(monkeypatch):
     said = []
     conftest.clean_lab(lab, say=said.append, settle=0)
     assert said == [] and not [c for c in lab.calls if c[1] == "rm" or c in ("down", "up 2")]
+
+
+def test_seeded_worker_stores_link_the_heads_image_layers_and_leave_its_containers(tmp_path):
+    """seed_images (the resized test labs): a worker's Docker store holds the head's image
+    metadata and every image layer as hard links (owners and modes kept), with the overlay2
+    short-name links; the head's container layers and mounts stay behind; removing the worker's
+    copy leaves the head's."""
+    from sparkbook.lab.image import seed_images
+    head, worker = tmp_path / "head", tmp_path / "worker"
+    store = head / "image" / "overlay2"
+    (store / "imagedb" / "content").mkdir(parents=True)
+    (store / "imagedb" / "content" / "img").write_text("{}")
+    (store / "repositories.json").write_text('{"Repositories": {}}')
+    (store / "layerdb" / "mounts" / "container1").mkdir(parents=True)
+    chain = store / "layerdb" / "sha256" / "chain1"
+    chain.mkdir(parents=True)
+    (chain / "cache-id").write_text("layer1")
+    layer = head / "overlay2" / "layer1"
+    (layer / "diff" / "etc").mkdir(parents=True)
+    (layer / "diff" / "etc" / "passwd").write_text("root:x:0:0::/root:/bin/sh\n")
+    os.chown(layer / "diff" / "etc", 0, 8)
+    (layer / "link").write_text("SHORT1\n")
+    (head / "overlay2" / "container1-rw" / "diff").mkdir(parents=True)
+    (worker).mkdir()
+    seed_images(head, worker)
+    copied = worker / "overlay2" / "layer1" / "diff" / "etc" / "passwd"
+    assert copied.stat().st_ino == (layer / "diff" / "etc" / "passwd").stat().st_ino
+    assert (worker / "overlay2" / "layer1" / "diff" / "etc").stat().st_gid == 8
+    assert os.readlink(worker / "overlay2" / "l" / "SHORT1") == "../layer1/diff"
+    assert (worker / "image" / "overlay2" / "layerdb" / "sha256" / "chain1" / "cache-id").read_text() == "layer1"
+    assert (worker / "image" / "overlay2" / "imagedb" / "content" / "img").exists()
+    assert (worker / "image" / "overlay2" / "repositories.json").exists()
+    assert not (worker / "overlay2" / "container1-rw").exists()
+    assert not (worker / "image" / "overlay2" / "layerdb" / "mounts").exists()
+    copied.unlink()
+    assert (layer / "diff" / "etc" / "passwd").read_text().startswith("root:")

@@ -23,7 +23,8 @@ from sparkbook.workdir import workdir
 from test_runner import LOCALHOST, START, notebook, step_start
 
 SCRIPT = Path(lock.__file__).parent / "scripts" / "lock.sh"
-RUN_A = ["tA", "alice@ops-1", "ops-1", "4242", "/runs/a", "2026-11-30T10:00:00+00:00"]
+PROC = "8f0c2a1e-boot/pid:[4026531836]/123456"  # boot ID / PID namespace / start time
+RUN_A = ["tA", "alice@ops-1", "ops-1", "4242", PROC, "/runs/a", "2026-11-30T10:00:00+00:00"]
 
 
 def sh(*args: str) -> list[str]:
@@ -33,14 +34,15 @@ def sh(*args: str) -> list[str]:
 
 def test_lock_sh_holds_one_holder_names_it_and_lets_only_it_release(tmp_path):
     assert sh("acquire", str(tmp_path), *RUN_A)[0] == "LOCK-ACQUIRED"
-    held = sh("acquire", str(tmp_path), "tB", "bob@ops-2", "ops-2", "7", "/runs/b", "now")
+    held = sh("acquire", str(tmp_path), "tB", "bob@ops-2", "ops-2", "7", PROC, "/runs/b", "now")
     assert held[0] == "LOCK-HELD"
-    assert {"owner=alice@ops-1", "pid=4242", "run=/runs/a"} <= set(held)
+    assert {"owner=alice@ops-1", "pid=4242", f"process={PROC}", "run=/runs/a"} <= set(held)
     age = next(int(w.removeprefix("age=")) for w in held if w.startswith("age="))
     assert 0 <= age <= 5  # seconds since the acquire (a whole second can pass on a loaded machine)
     assert sh("acquire", str(tmp_path), *RUN_A)[0] == "LOCK-OURS"
     assert sh("release", str(tmp_path), "tB")[0] == "LOCK-HELD"
-    assert sh("take", str(tmp_path), "tOther", "tB", "bob@ops-2", "ops-2", "7", "/b", "now")[0] == "LOCK-HELD"
+    took = sh("take", str(tmp_path), "tOther", "tB", "bob@ops-2", "ops-2", "7", PROC, "/b", "now")
+    assert took[0] == "LOCK-HELD"
     assert sh("release", str(tmp_path), "tA") == ["LOCK-RELEASED"]
     assert sh("show", str(tmp_path)) == ["LOCK-NONE"]
     assert os.listdir(tmp_path) == []  # no temporary file left behind
@@ -48,7 +50,7 @@ def test_lock_sh_holds_one_holder_names_it_and_lets_only_it_release(tmp_path):
 
 def test_lock_sh_of_many_at_once_exactly_one_gets_it(tmp_path):
     def one(i):
-        return sh("acquire", str(tmp_path), f"t{i}", "u@h", "h", str(i), f"/r{i}", "now")[0]
+        return sh("acquire", str(tmp_path), f"t{i}", "u@h", "h", str(i), PROC, f"/r{i}", "now")[0]
     with ThreadPoolExecutor(16) as pool:
         states = list(pool.map(one, range(32)))
     assert states.count("LOCK-ACQUIRED") == 1 and states.count("LOCK-HELD") == 31
@@ -60,7 +62,7 @@ def test_lock_sh_of_many_taking_over_one_stale_lock_exactly_one_gets_it(tmp_path
     assert sh("acquire", str(tmp_path), *RUN_A)[0] == "LOCK-ACQUIRED"
 
     def one(i):
-        return sh("take", str(tmp_path), "tA", f"t{i}", "u@h", "h", str(i), f"/r{i}", "now")[0]
+        return sh("take", str(tmp_path), "tA", f"t{i}", "u@h", "h", str(i), PROC, f"/r{i}", "now")[0]
     with ThreadPoolExecutor(16) as pool:
         states = list(pool.map(one, range(16)))
     assert states.count("LOCK-ACQUIRED") == 1 and states.count("LOCK-HELD") == 15
@@ -79,12 +81,14 @@ def deployment(tmp_path):
     shutil.rmtree(workdir(p, p.head), ignore_errors=True)
 
 
-def other_run(deployment, *, host="ops-2.example", pid="4242", age_s=0, token="other-token"):
+def other_run(deployment, *, host="ops-2.example", pid="4242", process=PROC, age_s=0,
+              token="other-token"):
     """A lock file as another run left it."""
     d = Path(workdir(deployment, deployment.head))
     d.mkdir(parents=True, exist_ok=True, mode=0o700)
     (d / "lock").write_text(f"token={token}\nowner=bob@{host}\nhost={host}\npid={pid}\n"
-                            f"run=/home/bob/outputs/run-b\nstarted=2026-11-30T10:00:00+00:00\n")
+                            f"process={process}\nrun=/home/bob/outputs/run-b\n"
+                            f"started=2026-11-30T10:00:00+00:00\n")
     if age_s:
         t = time.time() - age_s
         os.utime(d / "lock", (t, t))
@@ -97,28 +101,57 @@ def test_a_second_run_is_refused_naming_the_holder(deployment, monkeypatch):
     assert first.owned and "run=/runs/first" in Path(workdir(deployment, deployment.head), "lock").read_text()
     monkeypatch.setattr(lock, "_own_token", "another-process")
     with pytest.raises(lock.LockHeld, match=r"locked by another run: the lock .* held by "
-                       r"\S+@\S+ \(pid \d+, run folder /runs/first"):
+                       r"\S+@\S+ \(pid \d+, run folder /runs/first") as refused:
         lock.acquire(deployment, cluster, "/runs/second")
+    assert "another boot or PID namespace" not in str(refused.value)  # it is this one's
     first.release()
     assert lock.acquire(deployment, cluster, "/runs/second").owned
 
 
+def dead_pid() -> str:
+    """A pid that no process has now (its process just ended)."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    return str(dead.pid)
+
+
+def here(start: str = "1") -> str:
+    """A lock's ``process`` of this boot and PID namespace, for a process started at ``start``."""
+    return lock._process().rpartition("/")[0] + "/" + start
+
+
 @pytest.mark.parametrize("holder, why", [
-    (dict(host="THIS", pid="DEAD"), "its process .* on this machine is gone"),
+    ("dead", "its process .* on this machine is gone"),
+    ("pid reused", "its process .* on this machine is gone"),  # a live pid, another start time
     (dict(age_s=lock.STALE_S + 60), "not refreshed for"),
 ])
 def test_a_stale_lock_is_reported_and_taken_over(deployment, capsys, holder, why):
     import socket
-    if holder.get("host") == "THIS":
-        dead = subprocess.Popen(["true"])
-        dead.wait()
-        holder = dict(host=socket.gethostname(), pid=str(dead.pid))
+    if holder == "dead":
+        holder = dict(host=socket.gethostname(), pid=dead_pid(), process=here())
+    elif holder == "pid reused":
+        holder = dict(host=socket.gethostname(), pid=str(os.getpid()), process=here("1"))
     path = other_run(deployment, **holder)
     held = lock.acquire(deployment, Cluster.from_params(deployment), "/runs/mine")
     assert held.owned and "run=/runs/mine" in path.read_text()
     err = capsys.readouterr().err
     assert "took over the stale lock of bob@" in err and "run-b" in err
     assert __import__("re").search(why, err), err
+
+
+@pytest.mark.parametrize("elsewhere", ["another PID namespace", "another boot"])
+def test_a_holder_under_this_host_name_that_cannot_be_seen_is_not_taken_over(deployment, elsewhere):
+    """Issue 26: a run in a container on this host's network (its own PID namespace) or on a cloned
+    machine (its own boot) has this host name; its pid, free here, says nothing of it."""
+    import socket
+    boot, namespace, _ = lock._process().split("/")
+    process = (f"{boot}/{namespace.replace(']', '7]')}/5" if elsewhere == "another PID namespace"
+               else f"0000-cloned-boot/{namespace}/5")
+    path = other_run(deployment, host=socket.gethostname(), pid=dead_pid(), process=process)
+    with pytest.raises(lock.LockHeld, match=rf"held by bob@{socket.gethostname()} \(pid \d+.*"
+                       "in another boot or PID namespace"):
+        lock.acquire(deployment, Cluster.from_params(deployment), "/runs/mine")
+    assert "token=other-token" in path.read_text()
 
 
 def test_a_live_lock_of_another_machine_is_not_taken_over(deployment):
@@ -206,3 +239,42 @@ def test_an_interactive_kernel_that_exits_gives_the_lock_back(deployment, tmp_pa
     assert r.returncode == 0, r.stderr
     assert "run=" + str(tmp_path) in r.stdout and not lock_file.exists()
 
+
+
+@pytest.mark.parametrize("lost", ["taken over", "broken"])
+def test_a_notebook_whose_lock_was_lost_stops_before_it_changes_the_nodes_again(deployment, tmp_path, lost):
+    """Issue 26: a run that finds its lock someone else's (or gone) raises at its next gate or
+    work, instead of saying so and going on beside the other run."""
+    lock_file = Path(workdir(deployment, deployment.head), "lock")
+    work = []
+    serve = step("05_serve")
+    serve.run = lambda ctx: work.append("ran") or Outcome()
+    ctx = Context(deployment, "test", tmp_path, serve)
+    ctx.run()
+    assert work == ["ran"] and f"pid={os.getpid()}" in lock_file.read_text()
+    if lost == "taken over":
+        other_run(deployment)
+    else:
+        lock_file.unlink()  # sparkbook unlock
+    said = "bob@ops-2.example .* took it over" if lost == "taken over" else "it was broken"
+    for action in (ctx.run, lambda: ctx.gate([])):
+        with pytest.raises(lock.LockLost, match=f"no longer this run's: {said}.*stops here"):
+            action()
+    assert work == ["ran"]
+    assert ("token=other-token" in lock_file.read_text()) if lost == "taken over" else not lock_file.exists()
+
+
+def test_a_kernel_of_a_run_whose_lock_was_lost_stops(deployment, monkeypatch):
+    """A kernel of `sparkbook run` passes the run's lock only while it is still the run's: one that
+    was broken is not taken anew, one taken over is not passed."""
+    monkeypatch.setenv(lock.ENV, "the-runs-token")
+    cluster = Cluster.from_params(deployment)
+    lock_file = Path(workdir(deployment, deployment.head), "lock")
+    with pytest.raises(lock.LockLost, match="it was broken"):
+        lock.acquire(deployment, cluster, "/runs/mine")
+    assert not lock_file.exists()
+    other_run(deployment)
+    with pytest.raises(lock.LockLost, match="bob@ops-2.example .* took it over"):
+        lock.acquire(deployment, cluster, "/runs/mine")
+    other_run(deployment, token="the-runs-token")
+    assert not lock.acquire(deployment, cluster, "/runs/mine").owned

@@ -155,15 +155,15 @@ def test_the_same_host_under_two_names_is_refused_naming_both():
 
 def test_a_short_token_in_this_machines_environment_is_refused_and_never_shown(monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_abc")
-    monkeypatch.setenv("MY_VLLM_KEY", "k3y")
+    monkeypatch.setenv("SPARKBOOK_TEST_VLLM_KEY", "k3y")
     d = pair()
-    d["serving"]["api_key_env"] = "MY_VLLM_KEY"
+    d["serving"]["api_key_env"] = "SPARKBOOK_TEST_VLLM_KEY"
     got = problems(d)
     for field in ("model.hf_token_env", "serving.api_key_env"):
         assert "refuse secrets shorter than 8 characters" in got[field]
     assert "hf_abc" not in str(got) and "k3y" not in str(got)
     monkeypatch.setenv("HF_TOKEN", "hf_abcdefgh")
-    monkeypatch.setenv("MY_VLLM_KEY", "k3y-long-enough")
+    monkeypatch.setenv("SPARKBOOK_TEST_VLLM_KEY", "k3y-long-enough")
     validate(d)
 
 

@@ -127,3 +127,16 @@ def test_nvidia_smi_of_a_discrete_gpu():
     assert "source:" in xml.splitlines()[1]
     assert parsers.parse_nvidia_smi_xml(xml) == {"driver": "580.159.04", "cuda": "13.0", "gpus": [
         {"name": "NVIDIA H200", "bus_id": "00000000:00:06.0", "memory_total_mib": 143771}]}
+
+
+@pytest.mark.parametrize("brk", ["\r", "\v", "\f", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"])
+def test_a_line_break_other_than_newline_does_not_start_a_section(brk):
+    """A node's log line holding "x<break>@@ name" (a container's log, a process's output) stays a
+    line of its section: only a line that begins with the marker after "\n" starts one."""
+    out = f"@@ logs\nstarting\nx{brk}@@ facts\nforged=1\n@@ facts\nreal=1\n"
+    assert parsers.parse_sections(out) == {"logs": f"starting\nx{brk}@@ facts\nforged=1", "facts": "real=1"}
+
+
+def test_sections_of_output_with_crlf_line_ends():
+    """A "\r" before the "\n" is the line end's (output through a terminal), not the line's."""
+    assert parsers.parse_sections("@@ a\r\n1\r\n2\r\n@@ b\r\n3\r\n") == {"a": "1\n2", "b": "3"}

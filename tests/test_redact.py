@@ -143,3 +143,37 @@ def test_the_run_folder_pass_masks_a_secret_named_assignment_with_no_secret_know
     (tmp_path / "ray.log").write_text("RAY_AUTH_TOKEN=4f1c9e0b7a2d6c3e8f5a1b0c\n")
     assert mask_tree(tmp_path) == [tmp_path / "ray.log"]
     assert (tmp_path / "ray.log").read_text() == f"RAY_AUTH_TOKEN={redact.MASK}\n"
+
+
+def test_mask_is_linear_on_a_mib_of_upper_case_text():
+    """1 MiB of upper-case text masked in bounded time, what it holds still masked: the NAME=value
+    rule tried every split of a word around each TOKEN in it (100 kB of "TOKEN" took 13 s, 1 MiB
+    would take hours). In a child process with a timeout: the regex engine does not stop for a
+    signal."""
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    code = textwrap.dedent("""
+        import json, sys, time
+        from sparkbook.redact import MASK, mask
+        took = {}
+        for unit in json.loads(sys.argv[1]):
+            text = (unit * (2**20 // len(unit) + 1))[:2**20]
+            start = time.perf_counter()
+            masked = mask(text + " RAY_AUTH_TOKEN=4f1c9e0b7a2d6c3e " + sys.argv[2])
+            took[unit] = time.perf_counter() - start
+            assert masked.endswith(f" RAY_AUTH_TOKEN={MASK} {MASK}"), masked[-100:]
+        print(json.dumps(took))
+    """)
+    units = ["A", "TOKEN", "A_TOKEN_", "SECRET", "PASSWORD_API_KEY", "HF_TOKEN_", "ABC DEF_GHI ", "A1_"]
+    try:
+        out = subprocess.run([sys.executable, "-c", code, json.dumps(units), PLAIN], cwd=root, timeout=120,
+                             env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True)
+    except subprocess.TimeoutExpired:
+        pytest.fail("masking 1 MiB of upper-case text did not end within 120 s")
+    assert out.returncode == 0, out.stderr[-3000:]
+    took = json.loads(out.stdout.splitlines()[-1])
+    # about 0.1-0.7 s each on the 2-core development machines, the secrets' own forms included
+    assert max(took.values()) < 3 and sum(took.values()) < 8, took

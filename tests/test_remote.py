@@ -1,7 +1,11 @@
 """The remote layer against real OpenSSH servers on loopback (no mocks)."""
 
 import io
+import os
+import signal
+import subprocess
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -13,7 +17,8 @@ from sparkbook.shell import sh, wrap
 
 def test_parallel_run_reaches_each_node_and_overlaps(ssh_nodes):
     cluster = Cluster(ssh_nodes.nodes(), ssh_nodes.ssh())
-    res = cluster.run('date +%s.%N; echo "$SSH_CONNECTION"; sleep 1; date +%s.%N')
+    # each node's span is 3 s: longer than opening the three connections takes on a busy machine
+    res = cluster.run('date +%s.%N; echo "$SSH_CONNECTION"; sleep 3; date +%s.%N')
     assert res.ok and list(res) == ["node0", "node1", "node2"]
     spans = []
     for server, r in zip(ssh_nodes.servers, res.values()):
@@ -46,25 +51,43 @@ def test_timeout_stops_the_remote_command(ssh_nodes):
     assert left == "", f"the timed-out command still runs: pids {left}"
 
 
-def test_a_node_that_stops_answering_on_an_open_connection_does_not_hang(ssh_nodes):
-    import os
-    import signal
-    import subprocess
-    node, server = ssh_nodes.nodes()[2], ssh_nodes.servers[2]
+@contextmanager
+def frozen(ssh_nodes, index: int):
+    """Node ``index``'s sshd and its sessions stopped (SIGSTOP): no answer, no reset, no reading,
+    as a node that hangs under an open connection; a cluster of that node alone, connected first."""
+    node, server = ssh_nodes.nodes()[index], ssh_nodes.servers[index]
     cluster = Cluster([node], ssh_nodes.ssh())
-    assert cluster.run("true")["node2"].ok  # the connection is open and cached
+    assert cluster.run("true")[node.name].ok  # the connection is open and cached
     sessions = subprocess.run(["pgrep", "-P", str(server.pid())], capture_output=True,
                               text=True).stdout.split()
     pids = [server.pid(), *map(int, sessions)]
     for pid in pids:
-        os.kill(pid, signal.SIGSTOP)  # the node freezes: no answer, no reset
+        os.kill(pid, signal.SIGSTOP)
     try:
-        res = cluster.run("true", timeout=1)["node2"]
+        yield cluster
     finally:
         for pid in pids:
             os.kill(pid, signal.SIGCONT)
+
+
+def test_a_node_that_stops_answering_on_an_open_connection_does_not_hang(ssh_nodes):
+    with frozen(ssh_nodes, 2) as cluster:
+        res = cluster.run("true", timeout=1)["node2"]
     assert res.timed_out and "no answer" in res.error and "dropped" in res.error
     assert cluster.run("true")["node2"].ok  # a new connection works again
+
+
+def test_a_file_put_to_a_node_that_stops_reading_ends_at_its_deadline(ssh_nodes, tmp_path):
+    """SFTP waits without end for a node that reads nothing more: the put has a time limit."""
+    dest = tmp_path / "put-frozen" / "f"
+    with frozen(ssh_nodes, 2) as cluster:
+        t0 = time.monotonic()
+        res = cluster.put_bytes(b"x" * (4 << 20), str(dest), timeout=1)["node2"]
+        took = time.monotonic() - t0
+    assert not res.ok and res.timed_out and "no answer within 1 s" in res.error, res
+    assert took < 10
+    assert cluster.put_bytes(b"again", str(dest))["node2"].ok  # a new connection works again
+    assert dest.read_bytes() == b"again"
 
 
 def test_streamed_output_is_prefixed_by_node(ssh_nodes):

@@ -247,3 +247,153 @@ def test_the_report_masks_every_form_of_a_secret(tmp_path, monkeypatch):
     page = report.build(out).read_text()
     assert "Zorblax" not in page and secret[:8] not in page and html.escape(secret[:8]) not in page
     assert page.count(redact.MASK) >= 4
+
+
+# ------------------------------------------------------------------------ a received run folder
+
+HOSTILE = "before\n\n[x](javascript:alert(1)) <script>alert(1)</script>\n\n<img src=x onerror=alert(1)> after"
+# what would make the page run something: a javascript: link, a script, an event handler
+LIVE = re.compile(r"""href\s*=\s*["']?\s*javascript:|<script|<img[^>]*onerror""", re.I)
+
+
+def page_text(page):
+    return html.unescape(re.sub(r"<[^>]+>", " ", page))
+
+
+def test_a_value_with_a_blank_line_a_link_and_a_script_renders_inert(tmp_path):
+    """Every value the page adds to the notebooks, each holding a blank line (which ends an HTML
+    block in Markdown), a Markdown link to javascript:, a script and an event handler: shown as text."""
+    from sparkbook import fingerprint
+    v = Verdict(HOSTILE, [Check(HOSTILE, "spark-1", FAIL, HOSTILE, command=f"ls {HOSTILE}")],
+                key_numbers=[(HOSTILE, HOSTILE)])
+    out = run_folder(tmp_path, v)
+    summary = json.loads((out / "summary.json").read_text())
+    summary.update(deployment=HOSTILE, params=HOSTILE, started=HOSTILE, finished=HOSTILE, status=HOSTILE)
+    summary["steps"][0].update(name=HOSTILE, error=HOSTILE)
+    (out / "summary.json").write_text(json.dumps(summary))
+    fingerprint.save(fingerprint.Fingerprint(deployment=HOSTILE, serving={"flags": [HOSTILE]},
+                                             nodes=[{"name": HOSTILE, "driver": HOSTILE}]), out)
+    page = report.build(out).read_text()
+    assert not LIVE.search(page), page[max(LIVE.search(page).start() - 300, 0):][:600]
+    # each value is there, as text: index, fingerprint, by node, key numbers, heading, error, commands
+    assert page_text(page).count("[x](javascript:alert(1)) <script>alert(1)</script>") >= 10
+
+
+def test_a_link_planted_in_a_received_run_folder_is_neither_written_through_nor_read(tmp_path):
+    import os
+    import shutil
+    out = run_folder(tmp_path, Verdict("t", [Check("x", "a", PASS)], key_numbers=[("inside", "1")]))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "somefile").write_text("keep me")
+    (out / "report.html").symlink_to(outside / "somefile")
+    page = report.build(out)
+    assert (outside / "somefile").read_text() == "keep me"
+    assert page == out / "report.html" and not page.is_symlink() and "sparkbook run" in page.read_text()
+    page.unlink()
+    (outside / "hard").write_text("keep me too")
+    os.link(outside / "hard", page)  # a hard link: renamed over, not written into
+    report.build(out)
+    assert (outside / "hard").read_text() == "keep me too" and "sparkbook run" in page.read_text()
+    # a linked subfolder: what it points at is not read, and the page says so
+    Verdict("o", [Check("y", "b", PASS)], key_numbers=[("outside", "OUTSIDE-VALUE")]).save(
+        outside / "verdicts" / "01_preflight.json")
+    shutil.rmtree(out / "verdicts")
+    (out / "verdicts").symlink_to(outside / "verdicts")
+    text = page_text(report.build(out).read_text())
+    assert "OUTSIDE-VALUE" not in text and "verdicts : unreadable: a symbolic link: not followed" in text
+
+
+def _edit(name, change):
+    """A mutation of the run folder's file ``name``: ``change`` of its JSON (returning the new
+    value), or bytes that replace it."""
+    def apply(out):
+        path = out / name
+        if isinstance(change, bytes):
+            path.write_bytes(change)
+        else:
+            path.write_text(json.dumps(change(json.loads(path.read_text()))))
+    return apply
+
+
+def _step0(**fields):
+    return lambda s: {**s, "steps": [{**s["steps"][0], **fields}]}
+
+
+def _fifo(out):
+    import os
+    (out / "summary.json").unlink()
+    os.mkfifo(out / "summary.json")
+
+
+def _link(out):
+    (out / "summary.json").rename(out / "real.json")
+    (out / "summary.json").symlink_to(out / "real.json")
+
+
+def _huge(out):
+    from sparkbook import runfolder
+    (out / "summary.json").write_bytes(b" " * (runfolder.MAX_BYTES + 1) + b"{}")
+
+
+# (what, mutation, the one line sparkbook report says: an error, or in the page)
+MALFORMED = [
+    ("truncated", _edit("summary.json", b'{"deployment": "lab", "steps": [{"st'),
+     "summary.json: not JSON: Unterminated string starting at (line 1, column 34)"),
+    ("a list", _edit("summary.json", b"[]"), "summary.json: not a JSON object but a list"),
+    ("not UTF-8", _edit("summary.json", b'\xff{"steps": []}'), "summary.json: not UTF-8 (byte 0xff at offset 0)"),
+    ("nested too deep", _edit("summary.json", b"[" * 100_000 + b"]" * 100_000),
+     "summary.json: not JSON that can be read: nested too deep"),
+    ("a text for a number", _edit("summary.json", _step0(duration_s="9.5")),
+     "summary.json: steps[0].duration_s: Input should be a valid number (got '9.5')"),
+    ("no steps", _edit("summary.json", lambda s: {"deployment": "lab"}), "summary.json: steps: required field is missing"),
+    ("steps of numbers", _edit("summary.json", lambda s: {**s, "steps": [1]}),
+     "summary.json: steps[0]: Input should be a JSON object (got 1)"),
+    ("a notebook outside", _edit("summary.json", _step0(notebook="../../outside.ipynb")),
+     "summary.json: steps[0].notebook: must name a file in the run folder itself (got '../../outside.ipynb')"),
+    ("a FIFO", _fifo, "summary.json: not a regular file"),
+    ("a link", _link, "summary.json: a symbolic link: not followed"),
+    ("huge", _huge, "summary.json: too large: 67108867 bytes (at most 67108864 are read)"),
+    # pieces below the summary: the page shows the rest and names them
+    ("a check's status", _edit("verdicts/01_preflight.json", lambda v: {**v, "checks": [{**v["checks"][0], "status": "MAYBE"}]}),
+     "verdicts/01_preflight.json : unreadable: checks[0].status: Input should be 'PASS', 'WARN', 'FAIL' or 'SKIP'"),
+    ("a key number's pair", _edit("verdicts/01_preflight.json", lambda v: {**v, "key_numbers": [["alone"]]}),
+     "verdicts/01_preflight.json : unreadable: key_numbers[0]: List should have at least 2 items after validation, not 1"),
+    ("a truncated verdict", _edit("verdicts/01_preflight.json", b'{"title": "t", "checks": [{'),
+     "verdicts/01_preflight.json : unreadable: not JSON: Expecting property name enclosed in double quotes"),
+    ("a truncated notebook", _edit("01_preflight.ipynb", b'{"cells": ['),
+     "01_preflight.ipynb : unreadable: not JSON: Expecting value (line 1, column 12)"),
+    ("a notebook's cells", _edit("01_preflight.ipynb", lambda nb: {**nb, "cells": "none"}),
+     "01_preflight.ipynb : unreadable: cells: Input should be a valid list (got 'none')"),
+    ("a notebook's cell", _edit("01_preflight.ipynb", lambda nb: {**nb, "cells": [{"cell_type": "code"}]}),
+     "01_preflight.ipynb : unreadable: not a notebook: "),
+    ("a fingerprint's node", _edit("fingerprint.json", b'{"nodes": [{"driver": "580"}]}'),
+     "fingerprint.json : unreadable: nodes[0].name: required field is missing"),
+    ("a fingerprint's flags", _edit("fingerprint.json", b'{"serving": {"flags": "--enforce-eager"}}'),
+     "fingerprint.json : unreadable: serving.flags: Input should be a valid list"),
+]
+
+
+@pytest.mark.parametrize("mutation,expected", [m[1:] for m in MALFORMED], ids=[m[0] for m in MALFORMED])
+def test_a_malformed_run_folder_is_said_in_one_line_without_a_traceback(tmp_path, capsys, mutation, expected):
+    import signal
+    from sparkbook.cli import main
+    out = run_folder(tmp_path, Verdict("t", [Check("x", "a", PASS)], key_numbers=[("k", "v")]))
+    (out / "fingerprint.json").write_text("{}")
+    mutation(out)
+
+    def hung(*_):
+        raise TimeoutError("sparkbook report hung (a FIFO opened for reading?)")
+    signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    try:
+        code = main(["report", str(out)])
+    finally:
+        signal.alarm(0)
+    err = capsys.readouterr().err
+    if code == 0:  # the page, with what it could not read named at its top
+        assert err == ""
+        top = page_text((out / "report.html").read_text().split("sparkbook-unreadable", 1)[1].split("</ul>")[0])
+        assert expected in re.sub(r"\s+", " ", top), top
+    else:
+        assert code == 2 and err == f"sparkbook: {out}: not a run folder that can be read: {expected}\n", err

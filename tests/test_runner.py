@@ -1,5 +1,6 @@
 """The runner, the report and the notebook convention, on small test notebooks."""
 
+import errno
 import json
 import os
 import subprocess
@@ -108,6 +109,30 @@ def test_teardown_still_runs_after_a_failure_unless_kept(books, tmp_path, keep):
         ("00_first", "passed"), ("01_second", "failed"), ("02_third", "skipped"),
         ("03_teardown", "skipped" if keep else "passed")]
     assert (books / "teardown-ran").exists() is not keep and not (books / "third-ran").exists()
+
+
+def test_a_full_disk_while_writing_the_summary_still_runs_the_teardown(books, tmp_path, monkeypatch, capsys):
+    """ENOSPC on the summary after the first step: the steps after it are skipped, the teardown
+    runs, the error is said and kept, the run fails."""
+    notebook(books / "03_teardown.ipynb", START, "open('teardown-ran', 'w').write('yes')")
+    write_text, full = Path.write_text, [True]
+
+    def write(path, *args, **kw):
+        if path.name == "summary.json.tmp" and full:
+            full.clear()  # full once: the summary after the first step
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return write_text(path, *args, **kw)
+
+    monkeypatch.setattr(Path, "write_text", write)
+    out = tmp_path / "run"
+    code = main(["run", "-p", str(LOCALHOST), "--notebooks", str(books), "--out", str(out)])
+    summary = json.loads((out / "summary.json").read_text())
+    assert code == 1 and summary["status"] == "failed" and not full
+    assert [(s["name"], s["status"]) for s in summary["steps"]] == [
+        ("00_first", "passed"), ("01_second", "skipped"), ("02_third", "skipped"), ("03_teardown", "passed")]
+    assert (books / "teardown-ran").exists()
+    assert "after step 00_first" in summary["error"] and "No space left on device" in summary["error"]
+    assert summary["error"] in capsys.readouterr().err
 
 
 def test_bad_parameters_run_nothing(books, tmp_path, capsys):

@@ -19,6 +19,7 @@ import yaml
 from conftest import field_sample
 from sparkbook.distribution.identity import INSPECT_FORMAT
 from sparkbook.params import ParamsError, load, validate
+from sparkbook.parsers import parse_sections
 from sparkbook.redact import MASK
 from sparkbook.remote import Cluster
 from sparkbook.serving import commands, deploy, startup, state
@@ -388,6 +389,66 @@ def test_among_nodes_in_one_phase_the_stall_names_the_one_whose_vllm_stopped_usi
     assert stall is not None and stall.node == "b" and watch.phases == {"a": "weights", "b": "weights"}
 
 
+def test_a_node_whose_vllm_is_held_throughout_is_named_whatever_the_others_show():
+    """Both idle (the head's rank waits in a collective and ticks no CPU either, and went quiet
+    later; b's log is even a phase ahead): b's workers are stopped (state T, the lab's stall fault; D for a
+    hung mount or driver call) in the last three readings, so b is named, and said so. A process
+    held in one reading only (a moment's disk wait) decides nothing."""
+    def reading(stuck, *tail):
+        return startup.NodeProgress("running", 1.0, list(tail), stuck)
+    watch = startup.StallWatch(timeout=30)
+    ray = "(EngineCore pid=1) INFO [ray_utils.py:607] No current placement group found."
+    assert watch.update({"a": reading(0, ray), "b": reading(0, ray, "world_size=2 rank=1")}, now=0) is None
+    assert watch.update({"a": reading(0, ray, "numa warning"), "b": reading(1, ray, "world_size=2 rank=1")},
+                        now=5) is None
+    for t in (15, 25):
+        assert watch.update({"a": reading(0, ray, "numa warning"),
+                             "b": reading(1, ray, "world_size=2 rank=1")}, now=t) is None
+    stall = watch.update({"a": reading(0, ray, "numa warning"), "b": reading(1, ray, "world_size=2 rank=1")},
+                         now=35)
+    assert stall is not None and stall.node == "b" and stall.held
+    assert "b's vLLM processes are stopped or in uninterruptible sleep (state T or D)" in stall.summary
+    # held in the last reading only: the usual order decides (b went quiet first), not "held"
+    watch = startup.StallWatch(timeout=30)
+    for t, held in ((0, 0), (5, 0), (15, 0), (25, 0), (35, 0), (45, 1)):
+        stall = watch.update({"a": reading(0, ray, "numa warning" if t else ray), "b": reading(held, ray)}, now=t)
+    assert stall is not None and stall.node == "b" and not stall.held and "furthest behind" in stall.summary
+
+
+def test_the_progress_script_counts_stopped_workers(tmp_path):
+    """serving_progress.sh on this machine, its docker a stand-in listing one worker process that
+    is really stopped (SIGSTOP) and one that runs: @@ stuck is 1."""
+    import signal
+    import subprocess
+    import textwrap
+    stopped = subprocess.Popen(["sleep", "60"])
+    running = subprocess.Popen(["sleep", "60"])
+    try:
+        os.kill(stopped.pid, signal.SIGSTOP)
+        fake = tmp_path / "docker"
+        fake.write_text(textwrap.dedent(f"""\
+            #!/bin/sh
+            case "$1" in
+              inspect) echo "running 0 false" ;;
+              top) echo "PID COMMAND"; echo "{stopped.pid} ray::RayWorkerProc"; echo "{running.pid} ray::RayWorkerProc" ;;
+              logs) echo "a log line" ;;
+            esac
+            """))
+        fake.chmod(0o755)
+        for _ in range(50):  # the stop lands a moment after the signal
+            if open(f"/proc/{stopped.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "T":
+                break
+            time.sleep(0.05)
+        script = Path(commands.__file__).parents[1] / "scripts" / "serving_progress.sh"
+        out = subprocess.run(["bash", str(script), "c", "ray-worker", "5"], capture_output=True, text=True,
+                             env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}, check=True).stdout
+        assert parse_sections(out.partition("\n")[2])["stuck"].strip() == "1", out
+    finally:
+        for proc in (stopped, running):
+            proc.kill()
+            proc.wait()
+
+
 def test_ray_containers_outlive_serving_changes_and_vllm_serve_carries_its_fingerprint(tmp_path, monkeypatch):
     p = load(PAIR)
     changed = p.model_copy(update={"serving": p.serving.model_copy(update={"max_model_len": 4096})})
@@ -627,9 +688,9 @@ def test_an_ssh_alias_or_a_name_binds_the_api_to_the_address_this_machine_resolv
 
 def test_the_api_key_reaches_vllm_through_the_secrets_file_only(monkeypatch):
     key = "sk-sparkbook-canary-key-0123456789"
-    monkeypatch.setenv("SBK_TEST_API_KEY", key)
+    monkeypatch.setenv("SPARKBOOK_TEST_API_KEY", key)
     for executor in ("ray", "mp"):
-        p = lab_like(api_key_env="SBK_TEST_API_KEY", executor=executor)
+        p = lab_like(api_key_env="SPARKBOOK_TEST_API_KEY", executor=executor)
         assert commands.secrets(p, False)["VLLM_API_KEY"] == key
         assert "VLLM_API_KEY" not in commands.secrets(p, True, "ray-token")  # Ray's containers: no key
         cmd = commands.ray_serve_command(p) if executor == "ray" else commands.container_command(p, p.head)
@@ -642,20 +703,21 @@ def test_the_api_key_reaches_vllm_through_the_secrets_file_only(monkeypatch):
 
 def test_a_missing_key_variable_is_refused_before_anything_starts(monkeypatch):
     from sparkbook.errors import CheckFailed
-    monkeypatch.delenv("SBK_TEST_API_KEY", raising=False)
-    with pytest.raises(CheckFailed, match="SBK_TEST_API_KEY, which is not set"):
-        deploy.serve(lab_like(api_key_env="SBK_TEST_API_KEY"), None, Path("unused"))
+    monkeypatch.delenv("SPARKBOOK_TEST_API_KEY", raising=False)
+    with pytest.raises(CheckFailed, match="SPARKBOOK_TEST_API_KEY, which is not set"):
+        deploy.serve(lab_like(api_key_env="SPARKBOOK_TEST_API_KEY"), None, Path("unused"))
 
 
 def test_the_readiness_wait_sends_the_key_and_stops_at_once_when_it_is_refused(monkeypatch):
     """With --api-key, 05 used to wait out the whole start-up limit: /v1/models answered 401."""
     from fake_openai import FakeOpenAI
     key = "sk-sparkbook-wait-key-0123456789"
+    monkeypatch.setenv("SPARKBOOK_API_HOSTS", "127.0.0.1")  # the fake vLLM: where the key may go
     with FakeOpenAI(model="m", api_key=key) as server:
-        p = lab_like(api_url=server.url, api_key_env="SBK_TEST_API_KEY")
-        monkeypatch.setenv("SBK_TEST_API_KEY", key)
+        p = lab_like(api_url=server.url, api_key_env="SPARKBOOK_TEST_API_KEY")
+        monkeypatch.setenv("SPARKBOOK_TEST_API_KEY", key)
         assert deploy.healthy(p) == (True, ["m"], "ready", False)
-        monkeypatch.setenv("SBK_TEST_API_KEY", "sk-not-the-servers-key-000")
+        monkeypatch.setenv("SPARKBOOK_TEST_API_KEY", "sk-not-the-servers-key-000")
         dep = deploy.Deployment()
         t0 = time.monotonic()
         deploy.wait_ready(p, None, dep, timeout=60)  # no node is read: the refusal ends the wait first
@@ -674,9 +736,9 @@ def test_secrets_go_through_a_private_file_removed_after_the_start(docker_of, mo
     from sparkbook.redact import mask
     hf, key = "hf_sparkbookCANARY0123456789", "sk-sparkbook-file-key-0123456789"
     monkeypatch.setenv("HF_TOKEN", hf)
-    monkeypatch.setenv("SBK_TEST_API_KEY", key)
+    monkeypatch.setenv("SPARKBOOK_TEST_API_KEY", key)
     data = yaml.safe_load((ROOT / "parameters" / "localhost.yaml").read_text())
-    data["serving"].update(executor="mp", api_key_env="SBK_TEST_API_KEY")
+    data["serving"].update(executor="mp", api_key_env="SPARKBOOK_TEST_API_KEY")
     local = validate(data)
     cluster = Cluster.from_params(local)
     state.start(local, cluster, local.nodes, ray=False, say=lambda *_: None)
@@ -722,8 +784,8 @@ def test_the_secrets_the_containers_hold_are_judged_against_the_parameters(monke
     secret written in serving.env too), held by some process of them, or the missing one named."""
     from sparkbook.serving.listeners import secret_checks
     monkeypatch.setenv("HF_TOKEN", CANARY)
-    monkeypatch.setenv("SBK_TEST_API_KEY", "sk-sparkbook-held-key-0123456789")
-    p = lab_like(api_key_env="SBK_TEST_API_KEY", env={"WANDB_API_KEY": "wandb-secret-0123456789"})
+    monkeypatch.setenv("SPARKBOOK_TEST_API_KEY", "sk-sparkbook-held-key-0123456789")
+    p = lab_like(api_key_env="SPARKBOOK_TEST_API_KEY", env={"WANDB_API_KEY": "wandb-secret-0123456789"})
     head, worker = p.nodes[0], p.nodes[1]
     assert commands.held_secrets(p, head) == ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "RAY_AUTH_TOKEN",
                                               "VLLM_API_KEY", "WANDB_API_KEY"]

@@ -267,14 +267,15 @@ def test_the_step_sends_the_api_key_of_the_parameters(tmp_path, monkeypatch):
     and proves the key reached vLLM (the one request without it is refused); without the key every
     request is refused, and a vLLM that never got the key fails that proof."""
     key = "sk-sparkbook-smoke-key-0123456789"
-    monkeypatch.setenv("SBK_TEST_API_KEY", key)
+    monkeypatch.setenv("SPARKBOOK_API_HOSTS", "127.0.0.1")  # the fake vLLM: where the key may go
+    monkeypatch.setenv("SPARKBOOK_TEST_API_KEY", key)
     with FakeOpenAI(api_key=key) as server:
-        outcome = context(tmp_path, server.url, api_key_env="SBK_TEST_API_KEY").run(timeout=5)
+        outcome = context(tmp_path, server.url, api_key_env="SPARKBOOK_TEST_API_KEY").run(timeout=5)
         assert server.refused == 1  # the proof's own request
         refused = context(tmp_path / "without", server.url).run(timeout=5)
         assert server.refused > 1
     with FakeOpenAI() as open_server:
-        unprotected = context(tmp_path / "open", open_server.url, api_key_env="SBK_TEST_API_KEY").run(timeout=5)
+        unprotected = context(tmp_path / "open", open_server.url, api_key_env="SPARKBOOK_TEST_API_KEY").run(timeout=5)
     assert {c.status for c in outcome.checks} <= {PASS, SKIP}, [c for c in outcome.checks if c.status == FAIL]
     assert rows(outcome)["API key required"].status == PASS
     assert rows(unprotected)["API key required"].status == FAIL

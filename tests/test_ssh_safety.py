@@ -95,11 +95,14 @@ def test_a_certificate_from_another_ca_is_refused_saying_why(ssh_nodes, certifie
 
 
 def test_openssh_is_asked_to_check_the_host_and_nothing_else():
+    import paramiko
     from fabric import Connection
-    cmd = hostkeys.openssh_command(Connection("127.0.0.1", user="root", port=2222), ["/k h"], 5)
+    cmd = hostkeys.openssh_command(Connection("127.0.0.1", user="root", port=2222), ["/k h"], 5,
+                                   paramiko.RSAKey.generate(1024))
     opts = [cmd[i + 1] for i, a in enumerate(cmd) if a == "-o"]
     for o in ("BatchMode=yes", "StrictHostKeyChecking=yes", "ForwardAgent=no", "ControlPath=none",
-              "PubkeyAuthentication=no", "UpdateHostKeys=no", 'UserKnownHostsFile="/k h"'):
+              "PasswordAuthentication=no", "UpdateHostKeys=no", 'UserKnownHostsFile="/k h"',
+              "GlobalKnownHostsFile=none"):
         assert o in opts
     assert cmd[-3:] == ["--", "127.0.0.1", "true"]
 

@@ -4,6 +4,8 @@ page executed without a widget frontend, and the command its run buttons start."
 
 import json
 import os
+import re
+import shutil
 import sys
 import time
 from datetime import datetime, timezone
@@ -18,6 +20,7 @@ from conftest import free_port
 from sparkbook import frontpage, status
 from sparkbook.cli import main
 from sparkbook.params import load
+from sparkbook.runfolder import RunFolder
 from sparkbook.verdict import Check, Verdict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,11 +101,83 @@ def test_no_or_a_partial_run_folder_is_not_run(tmp_path):
     assert {s.state for s in status.picture(params, "p", None, NOTEBOOKS).steps} == {"not run"}
     run = tmp_path / "partial"
     (run / "verdicts").mkdir(parents=True)
-    (run / "summary.json").write_text("{not json")
     (run / "verdicts" / "01_preflight.json").write_text("")  # cut short while written
     _verdict(run, "00_inventory", [Check("reachable", "this-machine", "PASS")], STARTED)
-    states = [s.state for s in status.picture(params, "p", run, NOTEBOOKS).steps]
-    assert states == ["passed"] + ["not run"] * 8
+    pic = status.picture(params, "p", run, NOTEBOOKS)
+    assert [s.state for s in pic.steps] == ["passed"] + ["not run"] * 8
+    assert pic.unreadable == {"verdicts/01_preflight.json": "empty"}
+    assert "unreadable, left out: verdicts/01_preflight.json: empty" in pic.headline().splitlines()
+
+
+def _main_says(argv, capsys) -> tuple[int, str, str]:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return code, out, err
+
+
+def test_a_received_run_folder_that_cannot_be_read_is_one_line_not_a_traceback(tmp_path, capsys):
+    """As ``sparkbook report`` reads one: a summary.json that cannot be read is exit 2 with one
+    line; any other piece that cannot be read (a verdict of another shape, not UTF-8, cut short,
+    a verdicts folder that is a link, a fingerprint or image inspection of another shape) is left
+    out and named, one line each, and the rest is shown: exit 0."""
+    params = str(_params(tmp_path))
+    for name, data in [("truncated", b'{"steps": [{"step": "00"'), ("not UTF-8", b'{"steps": [], "x": "\xff"}'),
+                       ("a list", b"[]"), ("steps of another shape", b'{"steps": [{"name": 3}]}'),
+                       ("a duration as text", b'{"steps": [{"step": "00", "name": "00_inventory", '
+                                              b'"notebook": "00_inventory.ipynb", "status": "passed", '
+                                              b'"duration_s": "9.5"}]}')]:
+        run = tmp_path / "bad" / name
+        run.mkdir(parents=True)
+        (run / "summary.json").write_bytes(data)
+        code, out, err = _main_says(["status", "-p", params, "--run", str(run), "--no-nodes"], capsys)
+        assert (code, out) == (2, ""), (name, out)
+        assert err.startswith(f"sparkbook: {run}: not a run folder that can be read: summary.json: ")
+        assert err.count("\n") == 1, (name, err)
+
+    run = _run(tmp_path)
+    (run / "verdicts" / "00_inventory.json").write_text(json.dumps({"title": "00", "checks": [{"check": "x"}]}))
+    (run / "verdicts" / "01_preflight.json").write_bytes(b'{"title": "\xff"}')
+    (run / "verdicts" / "05_serve.json").write_text('{"title": "05", "checks": [')
+    (run / "image_inspection.json").write_text("[1, 2]")
+    (run / "fingerprint.json").write_text(json.dumps({"versions": "vllm 1", "created": 3}))
+    code, out, err = _main_says(["status", "-p", params, "--run", str(run), "--no-nodes"], capsys)
+    assert (code, err) == (0, "")
+    said = [line for line in out.splitlines() if line.startswith("unreadable, left out: ")]
+    assert said == [
+        "unreadable, left out: verdicts/00_inventory.json: checks[0].status: required field is missing",
+        "unreadable, left out: verdicts/01_preflight.json: not UTF-8 (byte 0xff at offset 11)",
+        "unreadable, left out: verdicts/05_serve.json: not JSON: Expecting value (line 1, column 28)",
+        "unreadable, left out: fingerprint.json: created: Input should be a valid string (got 3) (and 1 more)",
+        "unreadable, left out: image_inspection.json: not a JSON object but a list"], out
+    rows = {line.split()[0]: re.split(r"\s\s+", line)[1] for line in out.splitlines() if line[:2].isdigit()}
+    # what the summary says still shows; 00's and 01's counts, unreadable, are not
+    assert (rows["00_inventory"], rows["01_preflight"], rows["05_serve"]) == ("passed", "failed", "not run")
+    assert "mtu on spark-2" not in out and "CheckFailed: 01 preflight" in out
+
+    # a verdicts folder that is a link (to a folder of good verdicts elsewhere): not followed
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(run / "verdicts", elsewhere)
+    (run / "verdicts").symlink_to(elsewhere)
+    code, out, err = _main_says(["status", "-p", params, "--run", str(run), "--no-nodes"], capsys)
+    assert (code, err) == (0, "")
+    assert "unreadable, left out: verdicts: a symbolic link: not followed" in out.splitlines()
+
+
+def test_text_from_a_run_folder_is_shown_as_one_line(tmp_path):
+    """A summary's status or error, a check's observation, an inspection's version: a line break,
+    a carriage return or an escape sequence in them does not reach the terminal as one."""
+    run = tmp_path / "run"
+    _summary(run, steps=[("00_inventory", "failed", 10, "first\rforged line\x1b[2J\nsecond")])
+    data = json.loads((run / "summary.json").read_text())
+    data["status"] = "failed\nrun folder: /elsewhere"
+    (run / "summary.json").write_text(json.dumps(data))
+    (run / "image_inspection.json").write_text(json.dumps({"image": "i\x1b]0;x\x07", "vllm": "1\n2"}))
+    text = status.picture(load(_params(tmp_path)), "p", run, NOTEBOOKS).to_text()
+    assert "\x1b" not in text and "\r" not in text and "\x07" not in text
+    assert "run folder: /elsewhere" not in text.splitlines()
+    assert "first\\rforged line\\x1b[2J" in text and "second" not in text
+    assert "versions: vLLM 1\\n2 (image i\\x1b]0;x\\x07; image_inspection.json)" in text.splitlines()
 
 
 def test_the_newest_run_folder_of_the_deployment_is_chosen(tmp_path):
@@ -126,9 +201,9 @@ def test_the_newest_run_folder_of_the_deployment_is_chosen(tmp_path):
 
 
 def test_versions_from_the_inspection_without_a_fingerprint(tmp_path):
-    assert status.versions(tmp_path) == ""
+    assert status.versions(RunFolder(tmp_path)) == ""
     (tmp_path / "image_inspection.json").write_text(json.dumps({"image": "img:1", "vllm": "0.17.0", "ray": "2.5"}))
-    assert status.versions(tmp_path) == "vLLM 0.17.0 · Ray 2.5 (image img:1; image_inspection.json)"
+    assert status.versions(RunFolder(tmp_path)) == "vLLM 0.17.0 · Ray 2.5 (image img:1; image_inspection.json)"
 
 
 def test_status_asks_every_node_and_names_the_one_down(ssh_nodes, tmp_path, capsys):

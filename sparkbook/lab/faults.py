@@ -100,7 +100,7 @@ def apply(lab: Lab, kind: str, node: str | None = None, port: int | None = None,
                     f"s.bind(('0.0.0.0', {int(rec['port'])})); s.listen(); time.sleep(10**9)")
         out = lab.node_sh(target, f"python3 -c {shlex.quote(listener)} </dev/null >/dev/null 2>&1 & echo $!")
         rec["pid"] = int(out.stdout.strip())  # in the node's PID namespace
-        time.sleep(0.3)
+        _wait_listening(lab, target, int(rec["port"]))
     elif kind == "stale":
         rec["pid"] = _stale_process(lab, target)
     elif kind == "throttle":  # nvidia-smi is simulated already: only its state changes
@@ -228,6 +228,16 @@ def _undo(lab: Lab, rec: dict) -> None:
             docker(node, "update", "--cpus", f"{nano / 1e9:g}" if nano else UNLIMITED_CPUS, name, check=False)
     elif kind == "stall":  # those that still exist (05 may have removed their container)
         lab.node_sh(node, shlex.join(["kill", "-CONT", *map(str, rec["pids"])]) + " 2>/dev/null", check=False)
+
+
+def _wait_listening(lab: Lab, node: LabNode, port: int, timeout: float = 30) -> None:
+    """Until something listens on ``port`` on ``node``: a Python started in the background binds
+    it only once it has started (seconds on a busy machine)."""
+    deadline = time.monotonic() + timeout
+    while not lab.node_sh(node, f"ss -ltnH 'sport = :{port}'", check=False).stdout.strip():
+        if time.monotonic() > deadline:
+            raise LabError(f"{node.name}: nothing listens on port {port} {timeout:.0f} s after the fault started")
+        time.sleep(0.2)
 
 
 # Ray's own processes in the Ray container: not vLLM's, and the cluster must stay up.

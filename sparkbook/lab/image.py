@@ -331,10 +331,16 @@ def _docker_build(sock: Path, ctx: Path, *tags: str) -> None:
 # container without a GPU: no lab plugin, and the version without "+cpu" (vLLM for CPU detects its
 # platform by it). `vllm serve --help` then fails as the reference image's did ("Failed to infer
 # device type"). For the inspection's test; never part of a deployment.
+# Without its CPU platform, vLLM imports vllm._C, the AVX-512 build of its kernels, on any x86
+# machine: on one without AVX-512 (an AMD EPYC here) that dies of SIGILL before it can say "Failed
+# to infer device type", as a GPU build without a GPU does. The variant's _C is the AVX2 build
+# instead, which every x86-64 machine of the lab runs (imported under the other name, it fails
+# with an ImportError, which vLLM passes over).
 NO_PLATFORM_DOCKERFILE = """\
 FROM {image}
 ENV PYTHONPATH=
 COPY METADATA {site}/vllm-{vllm}.dist-info/METADATA
+RUN cp {site}/vllm/_C_AVX2.abi3.so {site}/vllm/_C.abi3.so
 """
 SITE_PACKAGES = "/opt/venv/lib/python3.11/site-packages"
 
@@ -385,3 +391,27 @@ def ensure(image: str, say=print) -> Path:
     tmp.rename(out)
     say(f"lab image: model ready in {time.monotonic() - t:.0f} s ({out})")
     return out
+
+
+def seed_images(head_root: Path, root: Path) -> None:
+    """A new worker's Docker data root holding every image of the head's, in a moment and without
+    the space: the image metadata copied, each layer's folder hard-linked (``cp -al``, which keeps
+    owners, modes and the overlay xattrs). Sound because Docker never writes a layer of an image
+    (a container writes to a folder of its own) and replaces metadata files by renaming, and a
+    hard link's removal leaves the other name. The head's containers and their layers stay behind.
+
+    Lab-only, for the tests that resize the lab: without it each new worker gets the 4 GB serving
+    image by a real copy (03, a minute or two per worker on 2 cores), which tests/test_distribute.py
+    already proves with small images. `sparkbook lab up` never seeds: a new lab's first run copies."""
+    src, dst = head_root / "image" / "overlay2", root / "image" / "overlay2"
+    (dst / "layerdb" / "sha256").mkdir(parents=True)
+    (root / "overlay2" / "l").mkdir(parents=True)
+    for part in ("imagedb", "distribution", "repositories.json"):
+        if (src / part).exists():
+            sh("cp", "-a", str(src / part), str(dst / part))
+    for chain in (src / "layerdb" / "sha256").iterdir():
+        cache = (chain / "cache-id").read_text().strip()
+        layer = head_root / "overlay2" / cache
+        sh("cp", "-a", str(chain), str(dst / "layerdb" / "sha256" / chain.name))
+        sh("cp", "-al", str(layer), str(root / "overlay2" / cache))
+        (root / "overlay2" / "l" / (layer / "link").read_text().strip()).symlink_to(f"../{cache}/diff")

@@ -39,7 +39,7 @@ from ..params import Params, validate
 from ..sshd import SshServer, keygen
 from . import host
 from .host import links as _links  # by this name: tests replace it
-from .image import ensure
+from .image import ensure, seed_images
 from .nodes import (BASHRC, FABRIC_MTU, FABRIC_NS, LAB_HOME, MAX_NODES, MGMT_BRIDGE, MGMT_IF, MGMT_NET,
                     NICS, PREFIX, RAILS, RUN, SIMULATED_TOOLS, LabError, LabNode, docker, lab_nodes,
                     lab_params, params_file, sh)
@@ -108,8 +108,9 @@ class Lab:
                 problems.append(f"{node.name}: Docker daemon does not answer")
         return problems
 
-    def up(self, n: int = 2, say=print) -> Path:
-        """Build the lab (idempotent); returns its parameters file."""
+    def up(self, n: int = 2, say=print, seed_images: bool = False) -> Path:
+        """Build the lab (idempotent); returns its parameters file. ``seed_images``: the workers
+        start with the head's images (:func:`seed_images`), for tests that resize the lab."""
         if os.geteuid() != 0:
             raise LabError("the lab needs root (network namespaces, sshd, dockerd)")
         if not 1 <= n <= MAX_NODES:
@@ -143,7 +144,7 @@ class Lab:
         model_dir = ensure(params.runtime.image, say=say)
         state = {"nodes": {}, "faults": [], "made": [], "image": params.runtime.image}
         try:
-            self._up(lab_nodes(n), params, model_dir, state, say)
+            self._up(lab_nodes(n), params, model_dir, state, say, seed_images)
         except BaseException:
             say("lab: start-up failed; removing what was made")
             try:
@@ -154,7 +155,8 @@ class Lab:
         say(f"lab: {n} nodes up in {time.monotonic() - t0:.1f} s")
         return params_file(n)
 
-    def _up(self, nodes: list[LabNode], params: Params, model_dir: Path, state: dict, say) -> None:
+    def _up(self, nodes: list[LabNode], params: Params, model_dir: Path, state: dict, say,
+            seed: bool) -> None:
         # Each thing is recorded right after it is made (never before: a failed `ip link add` must
         # not make `down` remove a link of that name that someone else has).
         def made(kind: str, name) -> None:
@@ -186,6 +188,9 @@ class Lab:
                                          "mgmt_ip": node.mgmt_ip}
             self._save(state)
             servers[node.name] = self._start_sshd(node, key)
+        for node in nodes:
+            if seed and node.role != "head":  # before the head's daemon starts: its store is still
+                seed_images(nodes[0].data_root, node.data_root)
             self._start_dockerd(node, made)
         with ThreadPoolExecutor(max_workers=8) as pool:
             list(pool.map(self._wait_docker, nodes))
@@ -198,7 +203,7 @@ class Lab:
         for node in nodes:  # each node knows every node: head-to-worker SSH is checked too
             (node.dir / "ssh" / "known_hosts").write_text(known)
         say(f"lab: nodes {', '.join(n.name for n in nodes)} answer on SSH and Docker; "
-            f"image {params.runtime.image} on {head.name} only")
+            f"image {params.runtime.image} on " + ("every node (seeded from the head's)" if seed else f"{head.name} only"))
 
     def _networks(self, made) -> None:
         """The management bridge (on this machine) and the fabric switch (its own namespace; its

@@ -7,9 +7,9 @@ of the serving image or with the runtime's venv); it needs `huggingface_hub` (an
 The revision is resolved to a commit once, and every file is fetched at that commit, so a branch
 that moves during the download cannot mix two versions. huggingface_hub lists the files (sizes, git
 blob IDs, LFS sha256); the files themselves come over plain HTTP(S) from the hub's `resolve` route
-(redirects to its CDN followed, the token never sent to another host), because huggingface_hub
-from 1.x on no longer resumes a download across runs (it writes each file to a process-unique
-temporary file and removes it on failure). Here a partial file waits in
+(redirects to its CDN followed, the token never sent to another scheme, host or port), because
+huggingface_hub from 1.x on no longer resumes a download across runs (it writes each file to a
+process-unique temporary file and removes it on failure). Here a partial file waits in
 `DIR/.cache/huggingface/sparkbook/` (the folder huggingface_hub uses for its own bookkeeping of a
 `local_dir`, which sparkbook's manifest and model sync leave out) and the next run continues it with
 an HTTP Range request. Each file is checked against the hub's digest while it arrives (the LFS
@@ -118,14 +118,20 @@ def listing(repo: str, revision: str | None) -> tuple[str, list[RepoFile], objec
     return info.sha, files, hf_hub_url, build_hf_headers
 
 
-class _SameHostAuth(urllib.request.HTTPRedirectHandler):
-    """Redirects keep the token only on the host it was meant for (the hub sends large files to
-    its CDN with a signed URL, which must not receive it)."""
+def _origin(url: str) -> tuple:
+    u = urlsplit(url)
+    return u.scheme.lower(), u.hostname, u.port
+
+
+class _SameOriginAuth(urllib.request.HTTPRedirectHandler):
+    """Redirects keep the token only on the origin it was meant for: same scheme, host and port
+    (the hub sends large files to its CDN with a signed URL, which must not receive it; nor may
+    plain HTTP, or another port of the same host, whoever listens there)."""
 
     def redirect_request(self, req, fp, code, msg, headers, newurl):
         new = super().redirect_request(req, fp, code, msg, headers, newurl)
         auth = req.unredirected_hdrs.get("Authorization")
-        if new is not None and auth and urlsplit(newurl).netloc == urlsplit(req.full_url).netloc:
+        if new is not None and auth and _origin(newurl) == _origin(req.full_url):
             new.add_unredirected_header("Authorization", auth)
         return new
 
@@ -139,7 +145,7 @@ class Download:
         os.makedirs(self.state, exist_ok=True)
         self.url, self.auth = url, headers.pop("authorization", None)
         self.headers = {k: v for k, v in headers.items() if k.lower() != "accept-encoding"}
-        self.opener = urllib.request.build_opener(_SameHostAuth())
+        self.opener = urllib.request.build_opener(_SameOriginAuth())
         self.have = {f.name: 0 for f in files}   # bytes in place or in the partial file
         self.got = {f.name: 0 for f in files}    # bytes received in this run
         self.finished: set[str] = set()

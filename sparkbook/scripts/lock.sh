@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The deployment's lock on the head: DIR/lock, a file of key=value lines (token, owner, host, pid,
-# run, started) made whole in a temporary file, then linked into place, which fails when the lock
-# exists (atomic: of two runs, one gets it). The holder touches it now and then (a heartbeat):
-# "age" is the seconds since, by this node's clock. DIR is sparkbook's private working folder
-# (workdir.sh made it). Whether a held lock is stale is decided by the caller, which then replaces
-# it with "take", naming the token it found.
+# process, run, started) made whole in a temporary file, then linked into place, which fails when
+# the lock exists (atomic: of two runs, one gets it). "process" is the holder's boot ID, PID
+# namespace and start time: what tells its process from any other with that pid and host name. The
+# holder touches it now and then (a heartbeat): "age" is the seconds since, by this node's clock.
+# DIR is sparkbook's private working folder (workdir.sh made it). Whether a held lock is stale is
+# decided by the caller, which then replaces it with "take", naming the token it found.
 # Usage:
-#   lock.sh acquire DIR TOKEN OWNER HOST PID RUN STARTED
-#   lock.sh take DIR OLD_TOKEN TOKEN OWNER HOST PID RUN STARTED
+#   lock.sh acquire DIR TOKEN OWNER HOST PID PROCESS RUN STARTED
+#   lock.sh take DIR OLD_TOKEN TOKEN OWNER HOST PID PROCESS RUN STARTED
 #   lock.sh touch DIR TOKEN | lock.sh release DIR TOKEN | lock.sh show DIR | lock.sh break DIR
 # Prints LOCK-ACQUIRED, LOCK-OURS, LOCK-RELEASED, LOCK-BROKEN, LOCK-NONE, or LOCK-HELD (the lock
 # is someone else's), each followed by the lock's lines and its age where there is a lock.
@@ -30,10 +31,10 @@ describe() {  # the lock's lines and its age
   echo "age=$(( $(date +%s) - $(stat -c %Y -- "$lock") ))"
 }
 
-make() {  # make the lock from TOKEN OWNER HOST PID RUN STARTED, or say who holds it
+make() {  # make the lock from TOKEN OWNER HOST PID PROCESS RUN STARTED, or say who holds it
   local tmp
   tmp=$(mktemp -- "$dir/lock.XXXXXX")
-  printf 'token=%s\nowner=%s\nhost=%s\npid=%s\nrun=%s\nstarted=%s\n' "$@" >"$tmp"
+  printf 'token=%s\nowner=%s\nhost=%s\npid=%s\nprocess=%s\nrun=%s\nstarted=%s\n' "$@" >"$tmp"
   if ln -- "$tmp" "$lock" 2>/dev/null; then
     rm -f -- "$tmp"
     echo LOCK-ACQUIRED
@@ -52,7 +53,7 @@ case $action in
       echo LOCK-OURS
       describe
     else
-      make "${@:3:6}"
+      make "${@:3:7}"
     fi
     ;;
   take)
@@ -63,7 +64,7 @@ case $action in
       exit 0
     fi
     rm -f -- "$lock"
-    make "${@:4:6}"
+    make "${@:4:7}"
     ;;
   touch|release)
     if [ ! -e "$lock" ]; then

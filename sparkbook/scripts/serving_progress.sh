@@ -7,6 +7,9 @@
 #              load the weights, compile and run the model (VLLM::Worker*, Ray's RayWorker actors).
 #              The API server and the engine poll while they wait, so their CPU is no progress.
 #              Without such processes (an older vLLM): all but Ray's own daemons and idle workers
+#   @@ stuck   how many of those processes are stopped (T, t: a signal or a debugger) or in
+#              uninterruptible sleep (D: a hung disk, mount or driver call): they cannot be waiting
+#              on another node
 #   @@ tail    the last LINES lines of vllm serve's log (LOG, Ray head) or of the container's
 # Usage: serving_progress.sh CONTAINER mp LINES
 #        serving_progress.sh CONTAINER ray-worker LINES
@@ -27,7 +30,7 @@ echo "$state"
 workers='VLLM::Worker|RayWorker'
 # Ray's own processes (and sparkbook's probes) are not vLLM's work: they tick while vLLM hangs.
 ray_own='raylet|gcs_server|dashboard|log_monitor|monitor\.py|runtime_env|ray start|ray::IDLE|ray status|pgrep'
-ticks=0 worker_ticks=0 seen_workers=0
+ticks=0 worker_ticks=0 seen_workers=0 stuck=0 worker_stuck=0
 if [ "${state%% *}" != absent ]; then
   while read -r pid args; do
     if [ "$mode" != mp ] && [[ $args =~ $ray_own ]]; then
@@ -36,16 +39,20 @@ if [ "${state%% *}" != absent ]; then
     stat=$(cat "/proc/$pid/stat" 2>/dev/null) || continue
     read -r -a f <<< "${stat##*) }"
     ticks=$((ticks + f[11] + f[12]))
+    case ${f[0]} in T | t | D) held=1 ;; *) held=0 ;; esac
+    stuck=$((stuck + held))
     if [[ $args =~ $workers ]]; then
-      seen_workers=1 worker_ticks=$((worker_ticks + f[11] + f[12]))
+      seen_workers=1 worker_ticks=$((worker_ticks + f[11] + f[12])) worker_stuck=$((worker_stuck + held))
     fi
   done < <(docker top "$container" -eo pid,args 2>/dev/null | tail -n +2 || true)
 fi
 if [ "$seen_workers" = 1 ]; then
-  ticks=$worker_ticks
+  ticks=$worker_ticks stuck=$worker_stuck
 fi
 echo '@@ cpu'
 awk -v t="$ticks" -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "%.2f\n", t / hz }'
+echo '@@ stuck'
+echo "$stuck"
 
 echo '@@ tail'
 if [ "$mode" = ray-head ]; then

@@ -46,6 +46,7 @@ class Deployment(Outcome):
     seen: str = ""                       # the last thing the wait saw
     stopped: dict[str, str] = field(default_factory=dict)  # node -> how its container ended
     seconds: float = 0.0
+    cleanup_seconds: float = 0.0         # not ready: saving every node's logs and stopping what started
     models: list[str] = field(default_factory=list)
     diagnosis: list[Diagnosis] = field(default_factory=list)
     conflicts: list[Check] = field(default_factory=list)
@@ -103,10 +104,12 @@ def serve(params: Params, cluster: Cluster, run_dir: Path, say: Callable[[str], 
         wait_ready(params, cluster, dep, params.serving.startup_timeout)
     finally:
         if not dep.ready:
+            t1 = time.monotonic()
             dep.diagnosis = diagnose(params, cluster, run_dir)
             dep.logs = {n.name: str(run_dir / "logs" / n.name) for n in params.nodes}
             say("not ready: logs of every node saved; stopping what was started")
             remove_serving(params, cluster, grace=10)  # a hung rank would hold a graceful stop
+            dep.cleanup_seconds = time.monotonic() - t1
     record_ray_workers(params, cluster, dep)
     if dep.ready:
         dep.listeners, dep.secrets = read_listeners(params, cluster, params.serving_nodes)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import signatures
+from ..logread import file_lines
 from ..params import Params
 from ..parsers import parse_sections
 from ..redact import mask
@@ -56,7 +57,7 @@ def diagnose(params: Params, cluster: Cluster, run_dir: Path) -> list[Diagnosis]
     specific signature found in any of them is the node's cause."""
     found = []
     for node, folder in collect_logs(params, cluster, run_dir).items():
-        hit = signatures.most_specific({p.name: p.read_text(errors="replace") for p in sorted(folder.glob("*.log"))
+        hit = signatures.most_specific({p.name: file_lines(p) for p in sorted(folder.glob("*.log"))  # read as it goes
                                         if not p.name.startswith("previous-") and p.name != "processes.log"})
         if hit:
             found.append(Diagnosis(node, hit.cause, f"{hit.evidence} ({hit.where})", hit.remedy,

@@ -83,6 +83,7 @@ class NodeProgress:
     status: str            # "running", "exited with code 137, killed for memory (OOM)", "serve-exited"...
     cpu_s: float | None    # CPU seconds of vLLM's processes so far (None: not read)
     tail: list[str]        # the log's last lines
+    stuck: int = 0         # of those processes, how many are stopped or in uninterruptible sleep
 
     @property
     def last_line(self) -> str:
@@ -115,7 +116,9 @@ def read_progress(params: Params, cluster: Cluster) -> dict[str, NodeProgress]:
         except ValueError:
             cpu = None
         tail = [ln for ln in sections.get("tail", "").splitlines() if ln.strip()]
-        out[n] = NodeProgress(describe_state(first if r.stdout else "?"), cpu, tail)
+        stuck = sections.get("stuck", "").strip()
+        out[n] = NodeProgress(describe_state(first if r.stdout else "?"), cpu, tail,
+                              int(stuck) if stuck.isdecimal() else 0)
     if params.serving.executor == "ray":
         attribute_ray_lines(params, out)
     return out
@@ -159,14 +162,16 @@ class Stall:
     last_line: str
     cause: str
     readings: int = 0  # readings of every node in the quiet span
+    held: bool = False  # the node's vLLM processes were stopped or in uninterruptible sleep (the last readings)
 
     @property
     def summary(self) -> str:
         """``stalled in phase 'weights': no new log line and no CPU used by vLLM on any node for
         62 s; spark-2 is furthest behind``."""
         return (f"stalled in phase '{self.phase or 'start'}': no new log line and no CPU used by vLLM "
-                f"on any node for {self.quiet_s:.0f} s ({self.readings} readings); {self.node} is "
-                "furthest behind")
+                f"on any node for {self.quiet_s:.0f} s ({self.readings} readings); "
+                + (f"{self.node}'s vLLM processes are stopped or in uninterruptible sleep (state T or "
+                   "D)" if self.held else f"{self.node} is furthest behind"))
 
 
 @dataclass
@@ -179,6 +184,7 @@ class StallWatch:
     _moved: dict[str, float] = field(default_factory=dict)
     _seen: dict[str, float] = field(default_factory=dict)
     _ticked: dict[str, float] = field(default_factory=dict)  # when its vLLM last used any CPU at all
+    _stuck: dict[str, int] = field(default_factory=dict)  # readings in a row with a process held
     _quiet_reads: int = 0  # readings since the last progress of any node
 
     def update(self, readings: dict[str, NodeProgress], now: float | None = None) -> Stall | None:
@@ -197,20 +203,25 @@ class StallWatch:
                     self._ticked[node] = now
                 self._cpu[node] = p.cpu_s
             self._tail[node], self._seen[node] = working, now
+            self._stuck[node] = self._stuck.get(node, 0) + 1 if p.stuck else 0
         last = max(self._moved.values(), default=now)
         self._quiet_reads = 0 if last == now else self._quiet_reads + 1
         # a stall is seen, not inferred from one late reading: this machine may have been too
         # busy to poll (the quiet span counts only what readings in it showed)
         if not self._moved or now - last < self.timeout or self._quiet_reads < MIN_QUIET_READS:
             return None
-        # the node furthest behind (its log reached the earliest phase) is the likely culprit:
-        # the others wait for it. Among equals, the one whose vLLM has used no CPU at all for the
-        # longest (a process that waits still ticks: its threads poll; a stopped or wedged one
-        # does not), then the one that went quiet first.
+        # A node whose vLLM processes were held (stopped, or in uninterruptible sleep) in the last
+        # MIN_QUIET_READS readings is the culprit: such a process waits on no other node (a
+        # moment's disk wait does not last that long).
+        # Otherwise the node furthest behind (its log reached the earliest phase): the others
+        # wait for it. Among equals, the one whose vLLM has used no CPU at all for the longest (a
+        # process that waits mostly still ticks: its threads poll), then the one that went quiet
+        # first.
         rank = {n: ORDER.index(ph) if ph else -1 for n, ph in self.phases.items()}
-        behind = min(self._moved, key=lambda n: (rank.get(n, -1), self._ticked.get(n, self._moved[n]),
-                                                 self._moved[n]))
+        held = {n for n, reads in self._stuck.items() if reads >= MIN_QUIET_READS}
+        behind = min(self._moved, key=lambda n: (n not in held, rank.get(n, -1),
+                                                 self._ticked.get(n, self._moved[n]), self._moved[n]))
         ahead = max(self.phases.values(), key=lambda ph: ORDER.index(ph) if ph else -1)
         phase = self.phases.get(behind) or ahead
         return Stall(behind, phase, now - last, readings[behind].last_line, likely_cause(phase),
-                     self._quiet_reads)
+                     self._quiet_reads, behind in held)
