@@ -10,7 +10,7 @@ busbw and start-up time over time. A piece a run lacks (a run without 07) shows 
 text is masked (:mod:`sparkbook.redact`) and HTML-escaped; the plots are embedded, so the page is
 one file.
 
-A run folder may come from elsewhere: each piece is read checked (:mod:`sparkbook.runfolder`), one
+A run folder may come from elsewhere: each piece is read checked (:mod:`sparkbook.runs.folder`), one
 that cannot be believed shows as "unreadable" with why, in its run's column; a folder of which
 nothing can be read is an error that names it and why."""
 
@@ -24,13 +24,13 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from . import fingerprint as fp
-from . import runfolder
+from .runs import folder as runfolder
 from .bench.records import LevelResult, Results
 from .errors import SparkbookError
 from .nccltests import plateau
 from .redact import mask
 from .report import escaped
-from .runfolder import RunFolder, shown
+from .runs.folder import RunFolder, shown
 from .tables import human_bytes
 
 FILE = "compare.html"

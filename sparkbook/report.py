@@ -1,7 +1,7 @@
 """report.html: the executed notebooks of a run folder as one page, with an index at the top; every
 secret masked (see :mod:`sparkbook.redact`).
 
-A run folder may come from elsewhere (:mod:`sparkbook.runfolder`): each piece is read checked, and
+A run folder may come from elsewhere (:mod:`sparkbook.runs.folder`): each piece is read checked, and
 one that cannot be believed is named with why at the top of the page, the rest shown. What the page
 adds to the notebooks (the index, the fingerprint, the overview by node, the key numbers, each
 step's heading, the commands) is HTML made here with every value escaped, in outputs, never in
@@ -17,10 +17,10 @@ import nbformat
 from nbconvert import HTMLExporter
 from nbconvert.preprocessors import TagRemovePreprocessor
 
-from . import runfolder
+from .runs import folder as runfolder
 from .errors import SparkbookError
 from .redact import mask
-from .runfolder import RunFolder
+from .runs.folder import RunFolder
 from .verdict import Verdict, cell_html, is_node, nodes_label
 
 TEMPLATE = Path(__file__).parent / "templates" / "report" / "sparkbook_report.html.j2"
@@ -87,7 +87,7 @@ def _unreadable(found: dict[str, str]) -> str:
 
 def load_json(path: Path) -> dict | None:
     """A JSON object's content; None when it is missing, unreadable or not an object (see
-    :func:`sparkbook.runfolder.read` for the shape of a run folder's files)."""
+    :func:`sparkbook.runs.folder.read` for the shape of a run folder's files)."""
     path = Path(path)
     try:
         return runfolder.read_json(path.parent, path.name)

@@ -20,7 +20,7 @@ counts are not shown beside that run's state. A notebook run by hand whose cell 
 verdict leaves no record, so the step shows what an earlier record says.
 
 The run folder may be one received from elsewhere (a bug report, a colleague's): it is read as
-``sparkbook report`` reads one (:mod:`sparkbook.runfolder`, every file checked against its shape,
+``sparkbook report`` reads one (:mod:`sparkbook.runs.folder`, every file checked against its shape,
 no link followed). A summary.json that cannot be read is an error of one line (the steps' states
 would be a guess); any other piece that cannot be read is left out, and the headline names it and
 why, one line each. Text from the folder is shown as one line, control characters escaped.
@@ -37,7 +37,7 @@ from .bugreport import latest_run
 from .errors import SparkbookError
 from .fingerprint import FILE as FINGERPRINT
 from .params import Params, project_root
-from .runfolder import RunFolder, Unreadable, one_line, read
+from .runs.folder import RunFolder, Unreadable, one_line, read
 from .runner import discover
 from .serving.inspection import CACHE as INSPECTION
 from .tables import Table

@@ -16,7 +16,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from sparkbook import compare, fingerprint, params, redact, report, runfolder, status
+from sparkbook import compare, fingerprint, params, redact, report, status
+from sparkbook.runs import folder as runfolder
 from sparkbook.cli import main
 from sparkbook.errors import SparkbookError
 from sparkbook.verdict import FAIL, PASS, Check, Verdict

@@ -332,7 +332,7 @@ def _link(out):
 
 
 def _huge(out):
-    from sparkbook import runfolder
+    from sparkbook.runs import folder as runfolder
     (out / "summary.json").write_bytes(b" " * (runfolder.MAX_BYTES + 1) + b"{}")
 
 

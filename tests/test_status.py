@@ -20,7 +20,7 @@ from conftest import free_port
 from sparkbook import frontpage, status
 from sparkbook.cli import main
 from sparkbook.params import load
-from sparkbook.runfolder import RunFolder
+from sparkbook.runs.folder import RunFolder
 from sparkbook.verdict import Check, Verdict
 
 ROOT = Path(__file__).resolve().parents[1]

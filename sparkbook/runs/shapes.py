@@ -2,7 +2,7 @@
 ``compare``, ``status``): :data:`SHAPES`, by the file's name in the folder. Types are JSON's own (no
 text read as a number), numbers finite and within what a page can draw; a field nothing reads is let
 be. :func:`check` names the first field that is wrong, in one line (:class:`Unreadable`).
-:mod:`sparkbook.runfolder` reads the files and checks them against these.
+:mod:`sparkbook.runs.folder` reads the files and checks them against these.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .bench.records import Results
-from .errors import SparkbookError
-from .fields import field_message, field_path
-from .fingerprint import FILE as FINGERPRINT
-from .redact import mask
+from ..bench.records import Results
+from ..errors import SparkbookError
+from ..fields import field_message, field_path
+from ..fingerprint import FILE as FINGERPRINT
+from ..redact import mask
 
 MAX_WHY = 300  # characters of a reason: one line on a terminal, one cell in a page
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")

@@ -2,7 +2,7 @@
 written into one.
 
 Every file that ``sparkbook report``, ``compare`` and ``status`` read from a run folder has its shape
-in :data:`sparkbook.runfiles.SHAPES`, checked before anything believes it. A file that is not there reads as None; one
+in :data:`sparkbook.runs.shapes.SHAPES`, checked before anything believes it. A file that is not there reads as None; one
 that is there but cannot be believed raises :class:`Unreadable`, which names the file and what is
 wrong in one line (``summary.json: steps[0].duration_s: Input should be a valid number (got
 '9.5')``): a truncated or non-UTF-8 file, JSON of another shape, a field of another type, a file
@@ -32,12 +32,12 @@ from typing import Any
 
 import nbformat
 
-from .bench.records import Results
-from .errors import SparkbookError
-from .fields import field_path
-from .fingerprint import FILE as FINGERPRINT, Fingerprint
-from .runfiles import SHAPES, NotebookShape, Unreadable, VerdictShape, check, file_name, one_line, shown
-from .verdict import Check, Verdict
+from ..bench.records import Results
+from ..errors import SparkbookError
+from ..fields import field_path
+from ..fingerprint import FILE as FINGERPRINT, Fingerprint
+from .shapes import SHAPES, NotebookShape, Unreadable, VerdictShape, check, file_name, one_line, shown
+from ..verdict import Check, Verdict
 
 __all__ = ["SHAPES", "MAX_BYTES", "MAX_NOTEBOOK_BYTES", "RunFolder", "Unreadable", "check", "fingerprint",
            "notebook", "one_line", "read", "read_bytes", "read_json", "results", "shown", "verdict", "verdicts",
