@@ -45,23 +45,22 @@ from .errors import SparkbookError
 from .params import Node, Params, load, project_root
 from .parsers import parse_sections
 from .preflight.host_state import parse_host_state
+from .fingerprint import VERSIONS_PY, versions
 from .redact import NAMES, mask, text_files
 from .remote import Cluster
+from .runs import folder as runfolder
 from .serving.commands import RAY_AUTH, container_env, ray_container, serve_log
 from .serving.containers import deployment_label, owner_label
 from .shell import SCRIPTS, Bundle, bundle, script
 from .tables import Table
-from .verdict import Verdict
 
 # The variables that steer collectives and the runtime: PREFIX_... (bug_report.sh is given the same)
 FABRIC_PREFIXES = ("NCCL", "GLOO", "UCX", "VLLM", "RAY", "TP", "TORCH", "CUDA", "NVIDIA")
 FABRIC_ENV = re.compile(rf"^({'|'.join(FABRIC_PREFIXES)})_")
-VERSIONS_PY = SCRIPTS / "image_versions.py"  # run in the serving image (or by the venv's python)
 SKIP = {"report.html"}  # the run's report: summary.md and the files it is built from stand for it
 MAX_FILE = 50 * 1024 * 1024  # a run folder's file larger than this is listed, not archived
 TIMEOUT_S = 240  # the bundle: reading the image's packages imports torch (seconds on a Spark)
 # rows of the versions table read from the image's packages: (row, package)
-PACKAGES = (("torch", "torch"), ("vLLM", "vllm"), ("Ray", "ray"), ("transformers", "transformers"))
 
 
 def run_time(folder: Path) -> float:
@@ -77,7 +76,7 @@ def latest_run(deployment: str | None = None, root: Path | None = None) -> Path:
             if d.is_dir() and ((d / "summary.json").is_file() or (d / "verdicts").is_dir())]
     if deployment:
         runs = [d for d in runs if d.name == f"interactive-{deployment}"
-                or _load(d / "summary.json").get("deployment") == deployment]
+                or _summary(d).get("deployment") == deployment]
     if not runs:
         of = f" of deployment {deployment!r}" if deployment else ""
         raise SparkbookError(f"no run folder{of} under {base}: name one (`sparkbook collect RUN`)")
@@ -98,12 +97,13 @@ def target(run_dir: str | Path | None, params_file: str | Path | None) -> tuple[
     return run, params
 
 
-def _load(path: Path) -> dict:
+def _summary(run_dir: Path) -> dict:
+    """The run folder's summary.json, or {} when it is absent or cannot be read (the report is
+    made of what can be, so no shape is required; a received folder's file may be anything)."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        return runfolder.read_json(run_dir, "summary.json") or {}
+    except runfolder.Unreadable:
         return {}
-    return data if isinstance(data, dict) else {}
 
 
 # ------------------------------------------------------------------------------ the nodes
@@ -135,36 +135,6 @@ def fabric_vars(env: dict[str, str] | list[str]) -> dict[str, str]:
     runtime, without any named like a secret."""
     pairs = env.items() if isinstance(env, dict) else (ln.split("=", 1) for ln in env if "=" in ln)
     return {k: v for k, v in pairs if FABRIC_ENV.match(k) and not NAMES.search(k.upper())}
-
-
-def versions(sections: dict[str, str], runtime: str = "image") -> dict:
-    """The versions one node reported: its host's and its runtime's (``packages``: every one), the
-    runtime an ``image`` or a ``venv``."""
-    facts = inventory.parse(f"@@ facts\n{sections.get('facts', '')}\n@@ gpu\n{sections.get('gpu', '')}")
-    smi = dict(re.findall(r"^(Driver|CUDA) Version\s*:\s*(\S+)", sections.get("smi-q", ""), re.M))
-    firmware = (parse_host_state(sections) or {}).get("firmware", {})
-    found = re.search(r"^VERSIONS (\{.*\})$", sections.get("runtime versions", ""), re.M)
-    try:
-        image = json.loads(found.group(1)) if found else {}
-    except ValueError:
-        image = {}
-    packages = {re.sub(r"[-_.]+", "-", k).lower(): v for k, v in image.get("packages", {}).items()}
-    image_env = dict(ln.split("=", 1) for ln in sections.get("image env", "").splitlines() if "=" in ln)
-    out = {"OS": facts.get("os"), "kernel": facts.get("kernel"), "arch": facts.get("arch"),
-           "GPU driver": facts.get("driver") or smi.get("Driver"), "CUDA (driver)": smi.get("CUDA"),
-           "Docker": facts.get("docker"),
-           "CX-7 firmware": ", ".join(f"{k}: {v}" for k, v in firmware.items()) or None,
-           **({"image ID": sections.get("image") or None} if runtime == "image" else {}),
-           f"Python ({runtime})": image.get("python"),
-           **{row: packages.get(name) for row, name in PACKAGES},
-           "CUDA (torch)": image.get("torch_cuda"),
-           "NCCL (torch)": image.get("nccl") or (image.get("nccl_error") and f"({image['nccl_error']})")}
-    if runtime == "image":
-        out.update({"CUDA_VERSION (image)": image_env.get("CUDA_VERSION"),
-                    "NCCL_VERSION (image)": image_env.get("NCCL_VERSION")})
-    if sections.get("runtime versions") and not found:
-        out[f"{runtime} versions"] = sections["runtime versions"].strip().splitlines()[-1]  # the error
-    return {**out, "packages": image.get("packages", {})}
 
 
 def environment(params: Params, node: Node, sections: dict[str, str]) -> dict:
@@ -256,25 +226,27 @@ def write_archive(path: Path, root: str, files: dict[str, str]) -> None:
 
 # ------------------------------------------------------------------------------ summary.md
 
+def _listed(value) -> list[dict]:
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
 def failures(run_dir: Path) -> tuple[list[str], list[list[str]], int]:
     """What failed in the run: its steps (``summary.json``), the FAIL rows of its verdicts
     (step, check, node, observed, expected, remedy), and how many checks warned."""
     steps = [f"step {s.get('name')}: {s.get('status')}" + (f": {s['error']}" if s.get("error") else "")
-             for s in _load(run_dir / "summary.json").get("steps", []) if s.get("status") not in ("passed", None)]
+             for s in _listed(_summary(run_dir).get("steps")) if s.get("status") not in ("passed", None)]
     rows, warned = [], 0
-    for path in sorted((run_dir / "verdicts").glob("*.json")):
-        data = _load(path)
-        if not data:
+    for step, verdict in runfolder.verdicts(run_dir):
+        if isinstance(verdict, runfolder.Unreadable):
             continue
-        verdict = Verdict.from_json(data)
-        rows += [[path.stem, c.check, c.node, c.observed, c.expected, c.remedy] for c in verdict.failures]
+        rows += [[step, c.check, c.node, c.observed, c.expected, c.remedy] for c in verdict.failures]
         warned += verdict.counts().get("WARN", 0)
     return steps, rows, warned
 
 
 def summary_md(run_dir: Path, params: Params, nodes: dict[str, dict[str, str]], errors: dict[str, str],
                found: dict[str, dict], env: dict[str, dict], listing: list[str]) -> str:
-    run = _load(run_dir / "summary.json")
+    run = _summary(run_dir)
     steps, failed, warned = failures(run_dir)
     out = ["# sparkbook bug report", "",
            Table(["", ""], [["run", f"{run_dir.name} ({run.get('status', 'no summary.json')})"],

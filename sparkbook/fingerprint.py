@@ -49,8 +49,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import __version__
-from .bugreport import VERSIONS_PY, versions
+from . import __version__, inventory
 from .distribution.identity import INSPECT_FORMAT, ImageIdentity, parse, same_image
 from .manifest import manifest_script, parse_manifest
 from .params import Node, Params, secrets_written
@@ -61,7 +60,7 @@ from .remote import Cluster
 from .serving.commands import serve_args, serving_container, shown
 from .serving.containers import deployment_label, owner_label
 from .serving.inspection import CACHE as INSPECTION
-from .shell import Bundle, bundle, script
+from .shell import SCRIPTS, Bundle, bundle, script
 from .tables import human_bytes
 
 if TYPE_CHECKING:
@@ -71,10 +70,42 @@ FILE = "fingerprint.json"
 TIMEOUT_S = 240  # the runtime's versions: torch is imported where nothing else names NCCL (seconds on a Spark)
 # vllm serve's options whose values are this machine's own, not what it serves
 MACHINE_OPTIONS = ("--host", "--port", "--master-addr", "--master-port")
-# the runtime's versions that decide: name in the fingerprint -> as shown (and bugreport.versions' row)
+# the runtime's versions that decide: name in the fingerprint -> as shown (and a row of versions())
 VERSIONS = {"vllm": "vLLM", "torch": "torch", "nccl": "NCCL", "ray": "Ray", "transformers": "transformers"}
 # files whose change since the fingerprint was taken means another deployment: 03, 04/05, 05
 NEWER = ("distribution.json", INSPECTION, "serving.json")
+VERSIONS_PY = SCRIPTS / "image_versions.py"  # run in the serving image (or by the venv's python)
+PACKAGES = (("torch", "torch"), ("vLLM", "vllm"), ("Ray", "ray"), ("transformers", "transformers"))
+
+
+def versions(sections: dict[str, str], runtime: str = "image") -> dict:
+    """The versions one node reported: its host's and its runtime's (``packages``: every one), the
+    runtime an ``image`` or a ``venv``."""
+    facts = inventory.parse(f"@@ facts\n{sections.get('facts', '')}\n@@ gpu\n{sections.get('gpu', '')}")
+    smi = dict(re.findall(r"^(Driver|CUDA) Version\s*:\s*(\S+)", sections.get("smi-q", ""), re.M))
+    firmware = (parse_host_state(sections) or {}).get("firmware", {})
+    found = re.search(r"^VERSIONS (\{.*\})$", sections.get("runtime versions", ""), re.M)
+    try:
+        image = json.loads(found.group(1)) if found else {}
+    except ValueError:
+        image = {}
+    packages = {re.sub(r"[-_.]+", "-", k).lower(): v for k, v in image.get("packages", {}).items()}
+    image_env = dict(ln.split("=", 1) for ln in sections.get("image env", "").splitlines() if "=" in ln)
+    out = {"OS": facts.get("os"), "kernel": facts.get("kernel"), "arch": facts.get("arch"),
+           "GPU driver": facts.get("driver") or smi.get("Driver"), "CUDA (driver)": smi.get("CUDA"),
+           "Docker": facts.get("docker"),
+           "CX-7 firmware": ", ".join(f"{k}: {v}" for k, v in firmware.items()) or None,
+           **({"image ID": sections.get("image") or None} if runtime == "image" else {}),
+           f"Python ({runtime})": image.get("python"),
+           **{row: packages.get(name) for row, name in PACKAGES},
+           "CUDA (torch)": image.get("torch_cuda"),
+           "NCCL (torch)": image.get("nccl") or (image.get("nccl_error") and f"({image['nccl_error']})")}
+    if runtime == "image":
+        out.update({"CUDA_VERSION (image)": image_env.get("CUDA_VERSION"),
+                    "NCCL_VERSION (image)": image_env.get("NCCL_VERSION")})
+    if sections.get("runtime versions") and not found:
+        out[f"{runtime} versions"] = sections["runtime versions"].strip().splitlines()[-1]  # the error
+    return {**out, "packages": image.get("packages", {})}
 
 
 @dataclass

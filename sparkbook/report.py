@@ -17,7 +17,7 @@ import nbformat
 from nbconvert import HTMLExporter
 from nbconvert.preprocessors import TagRemovePreprocessor
 
-from .runs import folder as runfolder
+from .runs import folder as runfolder, sanitize
 from .errors import SparkbookError
 from .redact import mask
 from .runs.folder import RunFolder
@@ -203,8 +203,10 @@ def build(run_dir: str | Path) -> Path:
     nb, summary = merged(run_dir)
     # no image is read from a path a notebook's Markdown names: a received notebook could name a
     # file of this machine (attachments, which a notebook carries itself, still show)
+    # and every piece of HTML a notebook carries (Markdown, outputs, raw cells) through an allow-list
+    # that keeps the verdicts' colours and no script, handler or fetch (sparkbook.runs.sanitize)
     exporter = HTMLExporter(extra_template_paths=[str(TEMPLATE.parent)], template_file=TEMPLATE.name,
-                            embed_images=False)
+                            embed_images=False, sanitize_html=True, filters={"clean_html": sanitize.clean})
     exporter.register_preprocessor(TagRemovePreprocessor(
         remove_input_tags={HIDE_INPUT}, remove_cell_tags={"parameters", "injected-parameters"},
         enabled=True), True)

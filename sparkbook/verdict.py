@@ -135,7 +135,7 @@ def cell_html(checks: list[Check], colspan: int = 1, note: str = "") -> str:
     """A matrix cell: its mark on the worst status's colour; what each check saw on hovering."""
     seen = html.escape("\n".join(f"{c.status} {c.check}: {c.observed}" for c in checks)).replace("\n", "&#10;")
     span = f" colspan='{colspan}'" if colspan > 1 else ""
-    return (f"<td{span}{LEFT} title='{seen}'><b style='background:{COLOURS[worst(c.status for c in checks)]};"
+    return (f"<td{span}{LEFT} title='{seen}'><b style='background-color:{COLOURS[worst(c.status for c in checks)]};"
             f"color:#fff;padding:0 4px;border-radius:3px;white-space:nowrap'>{html.escape(mark(checks))}"
             f"</b> {html.escape(note)}</td>")
 

@@ -279,12 +279,14 @@ def test_the_cli_collects_the_newest_run_with_its_own_parameters(tmp_path, canar
         target(older, None)
 
 
-# the node as 05/08's log collection (collect_logs.sh) sees it: docker lists sparkbook's container
-# when asked for label sparkbook, and another program's too when not; ps, asked for the uid column,
+# the node as 05/08's log collection (collect_logs.sh) sees it: docker lists the deployment's
+# container when asked for its label, another deployment's too when asked for the key alone, and
+# another program's too when not filtered; ps, asked for the uid column,
 # lists a process of this login and one of another login with a secret in its arguments
 LOGS_DOCKER = r"""case "$*" in
-  "ps -a --filter label=sparkbook --format "*) printf 'sparkbook-t-vllm\timg:1\tExited (1) 2 minutes ago\n';;
-  "ps "*) printf 'sparkbook-t-vllm\timg:1\tExited (1) 2 minutes ago\nothers-db\tpostgres:16\tUp 3 days\n';;
+  "ps -a --filter label=sparkbook=t --format "*) printf 'sparkbook-t-vllm\timg:1\tExited (1) 2 minutes ago\n';;
+  "ps -a --filter label=sparkbook --format "*) printf 'sparkbook-t-vllm\timg:1\tExited (1) 2 minutes ago\nsparkbook-other-vllm\timg:2\tUp 1 hour\n';;
+  "ps "*) printf 'sparkbook-t-vllm\timg:1\tExited (1) 2 minutes ago\nsparkbook-other-vllm\timg:2\tUp 1 hour\nothers-db\tpostgres:16\tUp 3 days\n';;
   "logs "*) echo 'INFO starting';;
   *) echo "docker: no such command here: $*" >&2; exit 1;;
 esac
@@ -302,7 +304,8 @@ def test_log_collection_shows_another_logins_process_by_its_program_and_only_spa
         tmp_path, monkeypatch):
     """processes.log and containers.log land in the run folder, and so in shared reports: a process
     of this login (the SSH user) keeps its arguments, another login's shows its program alone (its
-    command line may hold its secrets); only containers labelled sparkbook are listed."""
+    command line may hold its secrets); only the deployment's containers are listed (not another
+    deployment's on the same node, whose owner did not share it)."""
     monkeypatch.setenv("FAKE_OTHERS_ARG", OTHERS_SECRET)
     fake_tools(tmp_path, monkeypatch, docker=LOGS_DOCKER, ps=PS)
     params = validate(deployment(tmp_path))

@@ -16,7 +16,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from sparkbook import compare, fingerprint, params, redact, report, status
+from sparkbook import bugreport, compare, fingerprint, params, redact, report, status
 from sparkbook.runs import folder as runfolder
 from sparkbook.cli import main
 from sparkbook.errors import SparkbookError
@@ -249,6 +249,7 @@ def test_hundreds_of_mutated_run_folders_read_without_a_traceback(tmp_path, smal
                 page = compare.page([base, run], compare.history([base, run]), tmp_path)
                 assert "OUTSIDE-SECRET" not in page and "<script" not in page
             read_as_status_does(d)
+            bugreport.failures(d)  # the bug report's summary.md: what it can read, no traceback
         except Exception as e:  # noqa: BLE001: the report is the seed, the mutations and the error
             failures.append(f"r{i:03d} {done}: {type(e).__name__}: {str(e)[:300]}")
         took = time.process_time() - start
@@ -282,3 +283,17 @@ def test_the_command_line_says_one_line_for_a_bad_folder_and_no_traceback(tmp_pa
             err = capsys.readouterr().err
             assert code in (0, 2) and "Traceback" not in err, (argv, err)
             assert code == 0 or (err.count("\n") == 1 and err.startswith("sparkbook: ")), err
+
+
+def test_the_bug_reports_choice_of_run_folder_reads_summaries_that_cannot_be_read(tmp_path):
+    """`sparkbook collect` picks the newest run folder of the deployment: one whose summary.json
+    is nested too deep, not UTF-8 or a list is passed over, not a traceback."""
+    outputs = tmp_path / "outputs"
+    for name, text in (("deep", "[" * 100_000 + "]" * 100_000), ("bytes", b"\xff\xfe"), ("list", "[1]")):
+        (outputs / name).mkdir(parents=True)
+        path = outputs / name / "summary.json"
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    good = valid_run(outputs, "good")
+    assert bugreport.latest_run("lab", tmp_path) == good
+    for name in ("deep", "bytes", "list"):
+        assert bugreport.failures(outputs / name) == ([], [], 0)

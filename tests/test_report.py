@@ -397,3 +397,47 @@ def test_a_malformed_run_folder_is_said_in_one_line_without_a_traceback(tmp_path
         assert expected in re.sub(r"\s+", " ", top), top
     else:
         assert code == 2 and err == f"sparkbook: {out}: not a run folder that can be read: {expected}\n", err
+
+
+# what a received notebook may carry as HTML of its own, in each place nbconvert renders it from
+PLANTED = ("<script>alert(1)</script><img src=x onerror=alert(2)><a href='javascript:alert(3)'>j</a>"
+           "<iframe src='https://evil.example/'></iframe><form action='https://evil.example/'><input></form>"
+           "<b style='background:url(https://evil.example/beacon.png)' onclick='alert(4)'>styled</b>"
+           "<img src='https://evil.example/pixel.png'><style>body{background:url(https://evil.example/)}</style>"
+           "<object data='https://evil.example/x'></object><svg onload='alert(5)'></svg>")
+# anything that runs, or fetches from the network, when the page opens or is clicked
+ACTIVE = re.compile(r"<script|<iframe|<form|<object|<style>body|<svg|\bon[a-z]+\s*=|javascript:|"
+                    r"evil\.example/(?:beacon|pixel)?", re.I)
+
+
+def test_html_a_received_notebook_carries_is_shown_without_anything_that_runs_or_fetches(tmp_path):
+    """A received notebook's own HTML, in a Markdown cell, an HTML output, a Markdown output, an
+    SVG output and a raw HTML cell: nothing that runs or fetches is left; the text and a plain
+    link stay. The page's own part (the index, its links to each step) is untouched."""
+    out = run_folder(tmp_path, Verdict("t", [Check("x", "a", PASS)]))
+    nb = nbformat.read(out / "01_preflight.ipynb", as_version=4)
+    code = nbformat.v4.new_code_cell("x")
+    code.outputs = [nbformat.v4.new_output("display_data", data={"text/html": PLANTED + "<p>kept text</p>"}),
+                    nbformat.v4.new_output("display_data", data={"text/markdown": PLANTED}),
+                    nbformat.v4.new_output("display_data", data={"image/svg+xml": f"<svg onload='alert(6)'>{PLANTED}</svg>"})]
+    raw = nbformat.v4.new_raw_cell(PLANTED, metadata={"raw_mimetype": "text/html"})
+    nb.cells += [nbformat.v4.new_markdown_cell(f"[docs](https://example.org/docs) {PLANTED}"), code, raw]
+    nbformat.write(nb, out / "01_preflight.ipynb")
+    page = report.build(out).read_text()
+    body = page.split("</head>", 1)[1]
+    assert not ACTIVE.search(body), body[max(ACTIVE.search(body).start() - 200, 0):][:400]
+    assert "kept text" in body and "styled" in body and 'href="https://example.org/docs"' in body
+    assert 'href="#step-1"' in body  # the index still links to the step's heading
+
+
+def test_the_report_keeps_every_status_colour_of_the_verdicts(preflight8, tmp_path):
+    """The sanitiser keeps the colours the matrix and the check table set, each one (nbconvert's
+    own sanitiser dropped nearly all of them)."""
+    from sparkbook.verdict import COLOURS
+    out = run_folder(tmp_path, preflight8)
+    shown = preflight8._repr_html_()
+    page = report.build(out).read_text()
+    for colour in set(COLOURS.values()):
+        made = len(re.findall(rf"(?:background-)?color:\s*{re.escape(colour)}", shown))
+        kept = len(re.findall(rf"(?:background-)?color:\s*{re.escape(colour)}", page))
+        assert made and kept >= made, (colour, made, kept)

@@ -35,7 +35,8 @@ def collect_logs(params: Params, cluster: Cluster, run_dir: Path, containers: li
     ``run_dir/logs/<node>/`` (before anything is removed); ``tag`` prefixes the files' names."""
     names = containers or [ray_container(params), container_name(params, False)]
     out = {}
-    for node, r in cluster.run(lambda n: script("collect_logs.sh", ray_container(params), serve_log(params, n), *names),
+    for node, r in cluster.run(lambda n: script("collect_logs.sh", params.name, ray_container(params),
+                                                       serve_log(params, n), *names),
                                timeout=60).items():
         folder = run_dir / "logs" / node
         folder.mkdir(parents=True, exist_ok=True)
