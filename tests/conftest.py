@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import yaml
 
 import check_rows
 from sparkbook import fingerprint
@@ -17,10 +18,11 @@ from sparkbook.remote import Cluster
 from sparkbook.sshd import SshServer, keygen
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
+LAB_YAML = Path(__file__).resolve().parents[1] / "parameters" / "lab.yaml"
 FIELD_SAMPLES = SHARED / "field-samples"
 
 
-LAB_FIXTURES = {"lab", "params", "cluster"}
+LAB_FIXTURES = {"lab", "params", "cluster", "full_run"}
 
 
 # Modules whose lab tests run on 4 nodes (`resized`). They run last: going back to 2 nodes makes a
@@ -250,10 +252,37 @@ def lab_size(request):
         lab.up(2, say=lambda *_: None)
 
 
+# the canaries of the runbook's run (``full_run``): the HF token, and an API key with characters
+# that JSON, HTML and the shell escape
+CANARY = "hf_e2eCANARY7f3a9c1d5b8e2f4a6c0d"
+API_KEY = "sk-e2e\"CANARY&<key>'9f2c4e7b1d"
+
+
+@pytest.fixture(scope="session")
+def full_run(lab, tmp_path_factory):
+    """The whole runbook on the 2-node lab as the README's first command runs it (`sparkbook run`
+    of parameters/lab.yaml), with an API key required and the canaries in the environment: once a
+    session, read by tests/test_e2e.py and compared with the 4-node run by tests/test_e2e_quad.py."""
+    from sparkbook.runner import run
+    if len(lab.nodes()) != 2:  # asked for first by a 4-node test run alone
+        lab.down(say=lambda *_: None)
+        lab.up(2, say=lambda *_: None)
+    out = tmp_path_factory.mktemp("e2e")
+    data = yaml.safe_load(LAB_YAML.read_text())
+    data["serving"]["api_key_env"] = "SPARKBOOK_E2E_API_KEY"
+    params_file = tmp_path_factory.mktemp("params") / "lab-e2e.yaml"
+    params_file.write_text(yaml.safe_dump(data))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_TOKEN", CANARY)
+        mp.setenv("SPARKBOOK_E2E_API_KEY", API_KEY)
+        summary = run(params_file, out=out)
+    return out, summary
+
+
 @pytest.fixture(scope="module")
 def params(lab):
     """parameters/lab.yaml, with the lab up."""
-    return load(Path(__file__).resolve().parents[1] / "parameters" / "lab.yaml")
+    return load(LAB_YAML)
 
 
 @pytest.fixture(scope="module")

@@ -7,35 +7,13 @@ Chromium (Debian's chromium package, driven by Playwright) with every plot loade
 error."""
 
 import json
-from pathlib import Path
-
-import pytest
-import yaml
 
 from browser import images_loaded, opened
+from conftest import API_KEY, CANARY
 from sparkbook.redact import _forms
-from sparkbook.runner import run
 
-ROOT = Path(__file__).resolve().parents[1]
-LAB = ROOT / "parameters" / "lab.yaml"
-CANARY = "hf_e2eCANARY7f3a9c1d5b8e2f4a6c0d"
-API_KEY = "sk-e2e\"CANARY&<key>'9f2c4e7b1d"
 STEPS = ["00_inventory", "01_preflight", "02_collectives", "03_distribute_image", "04_ray_cluster",
          "05_serve", "06_smoke_test", "07_benchmark", "08_teardown"]
-
-
-@pytest.fixture(scope="module")
-def full_run(lab, tmp_path_factory):
-    out = tmp_path_factory.mktemp("e2e")
-    data = yaml.safe_load(LAB.read_text())
-    data["serving"]["api_key_env"] = "SPARKBOOK_E2E_API_KEY"
-    params_file = tmp_path_factory.mktemp("params") / "lab-e2e.yaml"
-    params_file.write_text(yaml.safe_dump(data))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HF_TOKEN", CANARY)
-        mp.setenv("SPARKBOOK_E2E_API_KEY", API_KEY)
-        summary = run(params_file, out=out)
-    return out, summary
 
 
 def test_every_step_passes(full_run):
@@ -116,40 +94,6 @@ def test_report_renders_in_headless_chromium(full_run):
         images_loaded(page, 5)
         page.screenshot(path=str(out / "report.png"))
     assert (out / "report.png").stat().st_size > 10_000
-
-
-def test_compare_with_a_second_run_renders_both_and_the_fingerprint_difference(full_run, tmp_path_factory):
-    """A second, shorter lab run beside the first (04, 05, 07, 08: another --max-model-len and a
-    benchmark of 2 requests at concurrency 1 and 2; about 2.5 minutes on the lab), then
-    `sparkbook compare` of the two: both runs, their start-up times and the differing flag in the
-    page, which renders in headless Chromium with every plot loaded."""
-    from test_compare import render
-    from sparkbook.cli import main
-    out, _ = full_run
-    data = yaml.safe_load((out / "parameters.yaml").read_text())
-    data["serving"]["max_model_len"] = 1024
-    data["benchmark"].update(context_depths=[0], concurrency=[1, 2], requests_per_level=2, output_tokens=32)
-    params_file = tmp_path_factory.mktemp("params") / "lab-again.yaml"
-    params_file.write_text(yaml.safe_dump(data))
-    again = tmp_path_factory.mktemp("e2e-again")  # beside the first: in its history
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HF_TOKEN", CANARY)
-        mp.setenv("SPARKBOOK_E2E_API_KEY", API_KEY)
-        summary = run(params_file, steps="04,05,07,08", out=again)
-        assert summary["status"] == "passed", json.dumps(summary, indent=2)
-        assert main(["compare", str(out), str(again)]) == 0
-    page_path = out / "compare.html"
-    page = page_path.read_text()
-    forms = {f for c in (CANARY, API_KEY) for f in _forms(c) | {c[:8]}}
-    assert [f for f in forms if f in page] == []
-    comparable = page.split("<h2>Comparable?</h2>")[1].split("<h2>")[0]
-    assert "not comparable" in comparable and "max" in comparable and "1024" in comparable, comparable
-    history = page.split("<h2>History")[1]
-    assert out.name in history and again.name in history
-    for run_dir in (out, again):  # each run's start-up time, measured, in the side-by-side table
-        seconds = json.loads((run_dir / "serving.json").read_text())["seconds"]
-        assert f"{seconds:.1f} s (" in page
-    render(page_path, [out.name, again.name], images=4)
 
 
 def test_the_server_metrics_show_the_kv_cache_in_use_during_the_concurrency_levels(full_run):

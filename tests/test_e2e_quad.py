@@ -111,3 +111,30 @@ def test_a_subset_serves_while_the_other_nodes_stay_out_of_ray_and_vllm(quad_run
     assert serving["ray_workers"] == {"spark-1": 1, "spark-3": 1}
     ray = {c["node"] for c in verdict(out, "04_ray_cluster")["checks"] if c["check"] == "in the Ray cluster"}
     assert ray == {"spark-1", "spark-3"}
+
+
+def test_compare_of_the_two_and_four_node_runs_renders_both_and_their_layouts(full_run, quad_run):
+    """`sparkbook compare` of two real runs: the 2-node runbook (tests/test_e2e.py's, TP 2) and this
+    4-node one (TP 2 x PP 2), side by side: not comparable, for the layout and the node count; both
+    in the history (they are sibling folders, of one deployment); each run's start-up time, as
+    measured, in the table; no form of the canaries; the page renders in headless Chromium with
+    every plot loaded."""
+    from conftest import API_KEY, CANARY
+    from sparkbook.cli import main
+    from sparkbook.redact import _forms
+    from test_compare import render
+    (two, _), (four, _) = full_run, quad_run
+    assert main(["compare", str(two), str(four)]) == 0
+    page_path = two / "compare.html"
+    page = page_path.read_text()
+    forms = {f for c in (CANARY, API_KEY) for f in _forms(c) | {c[:8]}}
+    assert [f for f in forms if f in page] == []
+    comparable = page.split("<h2>Comparable?</h2>")[1].split("<h2>")[0]
+    assert "not comparable" in comparable, comparable
+    assert re.search(r"pipeline parallel: 1 -(&gt;|>) 2", comparable) and re.search(r"\bnodes: 2 -(&gt;|>) 4", comparable), comparable
+    history = page.split("<h2>History")[1]
+    assert two.name in history and four.name in history
+    for run_dir in (two, four):
+        seconds = json.loads((run_dir / "serving.json").read_text())["seconds"]
+        assert f"{seconds:.1f} s (" in page
+    render(page_path, [two.name, four.name], images=4)
