@@ -91,11 +91,18 @@ def test_the_older_throttle_reasons_section_and_na_reasons():
     assert gpu["reasons"]["SW Power Cap"] is False and len(gpu["reasons"]) == 7
 
 
-def test_the_lab_nvidia_smi_q_is_read_by_the_parser():
+def test_the_lab_nvidia_smi_q_is_read_by_the_parser(monkeypatch):
+    """The replayed nvidia-smi -q as the parser reads it: idle with no GPU process (this machine's
+    own processes are the lab node's, so which there are is set here: a lab serving meanwhile
+    would otherwise make the GPU busy), busy with one, throttled by the fault."""
     state = {"node": "spark-2", "gpu": {"name": "NVIDIA GB10", "count": 1, "driver": "580.95.05",
                                         "cuda": "13.0", "bus_id": "0000000F:01:00.0"}}
+    monkeypatch.setattr(simhw, "gpu_processes", lambda: [])
     [gpu] = parse_nvidia_smi_q(simhw.smi_query(state))
     assert gpu["reasons"] == HEALTHY and gpu["clocks"]["SM"] == 2418 and gpu["max_clocks"]["SM"] == 3003
+    monkeypatch.setattr(simhw, "gpu_processes", lambda: [{"pid": 7, "name": "VLLM::Worker", "mib": 900}])
+    [gpu] = parse_nvidia_smi_q(simhw.smi_query(state))
+    assert gpu["reasons"] == {**HEALTHY, "Idle": False}
     [gpu] = parse_nvidia_smi_q(simhw.smi_query({**state, "throttle": faults.THROTTLE}))
     assert {r for r, on in gpu["reasons"].items() if on} == {"HW Slowdown", "HW Power Brake Slowdown"}
     assert gpu["clocks"]["Graphics"] == 513
