@@ -42,16 +42,15 @@ from pathlib import Path
 
 from . import __version__, inventory
 from .errors import SparkbookError
+from .fingerprint import VERSIONS_PY, versions
 from .params import Node, Params, load, project_root
 from .parsers import parse_sections
-from .preflight.host_state import parse_host_state
-from .fingerprint import VERSIONS_PY, versions
 from .redact import NAMES, mask, text_files
 from .remote import Cluster
 from .runs import folder as runfolder
 from .serving.commands import RAY_AUTH, container_env, ray_container, serve_log
 from .serving.containers import deployment_label, owner_label
-from .shell import SCRIPTS, Bundle, bundle, script
+from .shell import Bundle, bundle, script
 from .tables import Table
 
 # The variables that steer collectives and the runtime: PREFIX_... (bug_report.sh is given the same)
@@ -60,7 +59,6 @@ FABRIC_ENV = re.compile(rf"^({'|'.join(FABRIC_PREFIXES)})_")
 SKIP = {"report.html"}  # the run's report: summary.md and the files it is built from stand for it
 MAX_FILE = 50 * 1024 * 1024  # a run folder's file larger than this is listed, not archived
 TIMEOUT_S = 240  # the bundle: reading the image's packages imports torch (seconds on a Spark)
-# rows of the versions table read from the image's packages: (row, package)
 
 
 def run_time(folder: Path) -> float:

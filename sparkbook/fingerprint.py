@@ -75,6 +75,7 @@ VERSIONS = {"vllm": "vLLM", "torch": "torch", "nccl": "NCCL", "ray": "Ray", "tra
 # files whose change since the fingerprint was taken means another deployment: 03, 04/05, 05
 NEWER = ("distribution.json", INSPECTION, "serving.json")
 VERSIONS_PY = SCRIPTS / "image_versions.py"  # run in the serving image (or by the venv's python)
+# rows of the versions table read from the image's packages: (row, package)
 PACKAGES = (("torch", "torch"), ("vLLM", "vllm"), ("Ray", "ray"), ("transformers", "transformers"))
 
 

@@ -246,7 +246,11 @@ def lab_size(request):
     """A 2-node lab test after a 4-node one gets its 2 nodes back."""
     if not LAB_FIXTURES & set(request.fixturenames) or request.node.get_closest_marker("four_nodes"):
         return
-    lab = request.getfixturevalue("lab")
+    two_nodes(request.getfixturevalue("lab"))
+
+
+def two_nodes(lab) -> None:
+    """The session's lab back at its 2 nodes, if a 4-node test left it bigger."""
     if len(lab.nodes()) != 2:
         lab.down(say=lambda *_: None)
         lab.up(2, say=lambda *_: None)
@@ -264,9 +268,7 @@ def full_run(lab, tmp_path_factory):
     of parameters/lab.yaml), with an API key required and the canaries in the environment: once a
     session, read by tests/test_e2e.py and compared with the 4-node run by tests/test_e2e_quad.py."""
     from sparkbook.runner import run
-    if len(lab.nodes()) != 2:  # asked for first by a 4-node test run alone
-        lab.down(say=lambda *_: None)
-        lab.up(2, say=lambda *_: None)
+    two_nodes(lab)  # asked for first by a 4-node test run alone
     out = tmp_path_factory.mktemp("e2e")
     data = yaml.safe_load(LAB_YAML.read_text())
     data["serving"]["api_key_env"] = "SPARKBOOK_E2E_API_KEY"

@@ -421,13 +421,17 @@ def test_html_a_received_notebook_carries_is_shown_without_anything_that_runs_or
                     nbformat.v4.new_output("display_data", data={"text/markdown": PLANTED}),
                     nbformat.v4.new_output("display_data", data={"image/svg+xml": f"<svg onload='alert(6)'>{PLANTED}</svg>"})]
     raw = nbformat.v4.new_raw_cell(PLANTED, metadata={"raw_mimetype": "text/html"})
-    nb.cells += [nbformat.v4.new_markdown_cell(f"[docs](https://example.org/docs) {PLANTED}"), code, raw]
+    pixel = "data:image/png;base64,iVBORw0KGgo="
+    nb.cells += [nbformat.v4.new_markdown_cell(f"[docs](https://example.org/docs) {PLANTED}"
+                                               f"<a href='data:text/html,x'>d</a><img src='{pixel}' alt='own'>"),
+                 code, raw]
     nbformat.write(nb, out / "01_preflight.ipynb")
     page = report.build(out).read_text()
     body = page.split("</head>", 1)[1]
     assert not ACTIVE.search(body), body[max(ACTIVE.search(body).start() - 200, 0):][:400]
     assert "kept text" in body and "styled" in body and 'href="https://example.org/docs"' in body
     assert 'href="#step-1"' in body  # the index still links to the step's heading
+    assert f'src="{pixel}"' in body and "data:text/html" not in body  # its own image; no data link
 
 
 def test_the_report_keeps_every_status_colour_of_the_verdicts(preflight8, tmp_path):

@@ -27,9 +27,12 @@ STYLES = {"color", "background-color", "text-align", "vertical-align", "white-sp
 
 
 def _attribute(tag: str, name: str, value: str) -> str | None:
-    if tag == "img" and name == "src" and not value.startswith("data:image/"):
-        return None
-    return value
+    """An image only from data the notebook carries; a data URL nowhere else (a link to one
+    would open a page of the received notebook's making)."""
+    url = value.lstrip().lower()
+    if tag == "img" and name == "src":
+        return value if url.startswith("data:image/") else None
+    return None if name in ("href", "cite") and url.startswith("data:") else value
 
 
 def clean(fragment) -> str:
@@ -38,5 +41,5 @@ def clean(fragment) -> str:
     if isinstance(fragment, bytes):
         fragment = fragment.decode("utf-8", "replace")
     return nh3.clean(str(fragment), tags=TAGS, attributes=ATTRIBUTES, attribute_filter=_attribute,
-                     url_schemes={"http", "https", "mailto"}, filter_style_properties=STYLES,
+                     url_schemes={"http", "https", "mailto", "data"}, filter_style_properties=STYLES,
                      clean_content_tags={"script", "style"}, link_rel="noopener noreferrer")
