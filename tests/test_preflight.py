@@ -325,11 +325,28 @@ def test_the_tcp_probe_script_stops_at_its_deadline():
     assert 0.5 <= took < 0.5 + 0.5 + 1 + 0.5
 
 
+def test_nodes_sharing_a_fabric_address_are_not_probed_and_say_why():
+    """One machine reached on two SSH ports (a test's sshd, containers): one of them alone could
+    listen on the address, so the probe is not run and one SKIP row names them."""
+    data = yaml.safe_load(LOCALHOST.read_text())
+    data["nodes"] = [{"name": name, "host": host, "port": port, "user": "root", "role": role}
+                     for name, host, port, role in (("a", "127.0.0.1", 2201, "head"),
+                                                    ("b", "127.0.0.1", 2202, "worker"),
+                                                    ("c", "127.0.0.3", 22, "worker"))]
+    data["serving"]["nodes"] = ["a"]
+    params = validate(data)
+    assert tcp.shared(params.nodes) == {"127.0.0.1": ["a", "b"]}
+    assert tcp.shared(params.nodes[1:]) == {}
+    rows = tcp_rows(params, reports(params))
+    assert [(c.node, c.status) for c in rows] == [("a, b", "SKIP")]
+    assert "a, b share the fabric address 127.0.0.1" in rows[0].observed
+
+
 def test_the_scripts_on_this_machine():
     """The bundle as two nodes run it, both this machine, their rails on the loopback."""
     data = yaml.safe_load(LOCALHOST.read_text())
     data["nodes"] = [{"name": f"here-{i}", "host": "localhost", "local": True, "role": role,
-                      "rails": [{"interface": "lo", "ip": f"127.0.0.{i}", "prefix": 8}]}
+                      "rails": [{"interface": "lo", "ip": f"127.0.0.{10 + i}", "prefix": 8}]}
                      for i, role in ((1, "head"), (2, "worker"))]
     data["expectations"]["mtu"] = 1500
     data["serving"]["nodes"] = ["here-1"]
@@ -338,7 +355,7 @@ def test_the_scripts_on_this_machine():
     assert set(pf.nodes) == {"here-1", "here-2"} and not pf.errors
     here = pf.nodes["here-1"]
     assert here["facts"]["hostname"] and here["links"]["lo"]["mtu"] > 0
-    assert here["ping"] == [{"interface": "lo", "peer": "127.0.0.2", "ok": True}]
+    assert here["ping"] == [{"interface": "lo", "peer": "127.0.0.12", "ok": True}]
     assert set(here["peers_ssh"]) == {"here-2"}
     assert pf.nodes["here-2"]["peers_ssh"] == {} and abs(here["skew_s"]) < 5
     assert here["model"] is None  # /models/none

@@ -201,7 +201,8 @@ def clock_skews(cluster: Cluster, names: list[str]) -> dict[str, tuple[float | N
 
 def gather(params: Params, cluster: Cluster) -> Preflight:
     """Every node's report, all nodes at once, with the clocks' skew and the serving ports probed
-    between the nodes (except in a ring, whose routes between nodes without a cable are unknown)."""
+    between the nodes (except in a ring, whose routes between nodes without a cable are unknown,
+    and where nodes share a fabric address: :func:`sparkbook.preflight.tcp.shared`)."""
     # the C locale for every script: the parsers read the tools' untranslated output
     results = cluster.run(lambda n: node_bundle(params, n), timeout=min(params.ssh.command_timeout, 60),
                           env={"LC_ALL": "C"})
@@ -211,7 +212,7 @@ def gather(params: Params, cluster: Cluster) -> Preflight:
         nodes[name]["skew_s"], nodes[name]["skew_error_s"] = skew, error
     up = [n for n in params.nodes if n.name in nodes]
     layout = classify(params)
-    if len(up) > 1 and layout.kind != RING:
+    if len(up) > 1 and layout.kind != RING and not tcp.shared(up):
         for name, report in tcp.probe(params, cluster, up).items():
             nodes[name]["tcp"] = report
     return Preflight(nodes, errors, {n.name: n.role for n in params.nodes}, str(layout) if layout.kind else "")

@@ -8,7 +8,7 @@ from typing import Iterator
 from ..params import Node, Params
 from ..verdict import FAIL, PASS, SKIP, WARN, Check
 from .collect import Preflight
-from .tcp import SEEN, TIMEOUT_S, Probe, serving_ports
+from .tcp import SEEN, TIMEOUT_S, Probe, serving_ports, shared
 
 
 def ssh(params: Params, pf: Preflight) -> Iterator[Check]:
@@ -41,6 +41,11 @@ def tcp(params: Params, pf: Preflight) -> Iterator[Check]:
     """Per node: its serving ports reached from every peer over the fabric; else one FAIL per
     (from, to, port), on the node to open. Rows grow with the failures, not the pairs."""
     up = pf.up(params)
+    for address, names in shared(up).items() if len(up) > 1 else ():
+        yield Check("tcp ports", ", ".join(names), SKIP, f"{', '.join(names)} share the fabric address {address}: "
+                    "only one of them can listen there, so the probe could not tell them apart",
+                    "the serving ports reached from every node over the fabric",
+                    "give each node its own fabric address (rails) in the parameters")
     if len(up) < 2 or not any(pf.nodes[n.name]["tcp"] for n in up):
         return  # one node, or not probed
     ports = serving_ports(params)

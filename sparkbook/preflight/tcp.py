@@ -58,6 +58,16 @@ def serving_ports(params: Params) -> dict[int, str]:
     return {port: "/".join(names) for port, names in found.items()}
 
 
+def shared(up: list[Node]) -> dict[str, list[str]]:
+    """Fabric addresses held by more than one node, each with its nodes (one machine reached on
+    several SSH ports, as in a test): only one of them can listen there, so the probe could not
+    tell which node answered, and it is not run."""
+    held: dict[str, list[str]] = {}
+    for node in up:
+        held.setdefault(node.fabric_address, []).append(node.name)
+    return {address: names for address, names in held.items() if len(names) > 1}
+
+
 def command(params: Params, node: Node, up: list[Node]) -> list[str]:
     """``tcp_ports.py`` for one node, its source sent inline (no copy, no extra round trip)."""
     spec = {"address": node.fabric_address, "ports": list(serving_ports(params)), "timeout": TIMEOUT_S,

@@ -45,11 +45,13 @@ def listen(address: str, ports: list[int]) -> tuple[dict[str, str], dict[int, so
     return state, socks
 
 
-def probe(address: str, port: int, timeout: float, until: float) -> str:
-    """ok, timeout (no answer: dropped), refused (after retries until ``until``), or the error."""
+def probe(source: str, address: str, port: int, timeout: float, until: float) -> str:
+    """ok, timeout (no answer: dropped), refused (after retries until ``until``), or the error.
+    From this node's own fabric address, as Ray and NCCL connect: where the nodes are one machine
+    (a test), a connection's port is then never one that a peer is about to listen on."""
     while True:
         try:
-            with socket.create_connection((address, port), timeout=timeout):
+            with socket.create_connection((address, port), timeout=timeout, source_address=(source, 0)):
                 return "ok"
         except ConnectionRefusedError:
             if time.monotonic() >= until:
@@ -70,7 +72,7 @@ def main(spec: dict) -> dict:
     lock = threading.Lock()
 
     def one(peer: str, address: str, port: int) -> None:
-        seen = probe(address, port, timeout, start + window)
+        seen = probe(spec["address"], address, port, timeout, start + window)
         if seen != "ok":
             with lock:
                 failed.append({"peer": peer, "address": address, "port": port, "seen": seen})
