@@ -42,19 +42,19 @@ import sysconfig
 import time
 from pathlib import Path
 
-from sparkbook import lock
+from sparkbook.nodes import lock
 from sparkbook.bench import load as bench_load
 from sparkbook.serving.deploy import healthy, serve
 from sparkbook.serving.teardown import teardown
 from sparkbook.steps import serve as serve_step
-from sparkbook.verdict import Verdict
+from sparkbook.book.verdict import Verdict
 from sparkbook.serving.commands import api_bind
 from sparkbook.serving.containers import docker_run
 from sparkbook.lab import Lab
 from sparkbook.notebook import default_run_dir
-from sparkbook.remote import Cluster
-from sparkbook.shell import command_line
-from sparkbook.workdir import prepare, workdir
+from sparkbook.nodes.remote import Cluster
+from sparkbook.nodes.shell import command_line
+from sparkbook.nodes.workdir import prepare, workdir
 
 LEVELS = ((1, 16), (8, 64), (32, 128))  # (max concurrency, requests)
 RATIOS = ("output_tok_s", "mean_ttft_ms", "cpu_ms_per_token")

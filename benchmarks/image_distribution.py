@@ -30,9 +30,9 @@ from sparkbook.distribution.image import ImageOutcome, distribute_image, image_c
 from sparkbook.lab import Lab
 from sparkbook.lab.lab import docker
 from sparkbook.params import Params
-from sparkbook.remote import Cluster
-from sparkbook.shell import command_line, peer_ssh
-from sparkbook.verdict import Verdict
+from sparkbook.nodes.remote import Cluster
+from sparkbook.nodes.shell import command_line, peer_ssh
+from sparkbook.book.verdict import Verdict
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ARCHIVE = "/var/tmp/sparkbook-bench-image.tar"

@@ -38,13 +38,14 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from sparkbook import preflight, remote
+from sparkbook import preflight
+from sparkbook.nodes import remote
 from sparkbook.lab import Lab
 from sparkbook.lab.nodes import params_file
 from sparkbook.params import Params, load
-from sparkbook.remote import Cluster
+from sparkbook.nodes.remote import Cluster
 from sparkbook.steps import preflight as step
-from sparkbook.verdict import Verdict
+from sparkbook.book.verdict import Verdict
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CPU_GOAL, WALL_GOAL_2 = 1.2, 15.0

@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 
 from sparkbook.lab import Lab, lab_params
-from sparkbook.runner import run
+from sparkbook.runbook.runner import run
 
 RESULTS = Path(__file__).resolve().parent / "results"
 OUTPUTS = Path(__file__).resolve().parents[1] / "outputs"  # the run folders (not committed)

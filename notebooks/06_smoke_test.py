@@ -19,7 +19,7 @@
 #
 # The checks look at the structure of the answers, never their wording: they hold for any model. The
 # lab's tiny model is trained on these very prompts (`sparkbook/lab/make_model.py`, prompts in
-# `sparkbook/smoke_prompts.py`), so in the lab the tool call and the reasoning are proven for real.
+# `sparkbook/smoke/prompts.py`), so in the lab the tool call and the reasoning are proven for real.
 
 # %% tags=["parameters"]
 # Parameters: leave both as None to use $SPARKBOOK_PARAMS or parameters/lab.yaml.
@@ -56,7 +56,7 @@ step.table(outcome)
 # runs: throttling, memory pressure, a leak). Every request is kept in `smoke/burn_in.csv`.
 
 # %%
-from sparkbook import burnin, known_answers
+from sparkbook.smoke import burnin, known_answers
 
 burnin.table(step.burn_in(ctx, outcome))
 

@@ -44,6 +44,6 @@ params_file = None
 run_dir = None
 
 # %%
-from sparkbook.frontpage import FrontPage
+from sparkbook.runbook.frontpage import FrontPage
 
 FrontPage(params_file, run_dir).show()

@@ -7,10 +7,10 @@ import signal
 import sys
 from pathlib import Path
 
-from . import __version__
-from .errors import SparkbookError
+from .book.errors import SparkbookError
 from .lab.nodes import FAULTS
 from .params import default_params_file
+from .version import __version__
 
 
 def _params_arg(p: argparse.ArgumentParser) -> None:
@@ -23,7 +23,7 @@ def _params(args: argparse.Namespace) -> Path:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .runner import run
+    from .runbook.runner import run
     summary = run(_params(args), steps=args.steps, out=args.out, cell_timeout=args.cell_timeout,
                   kernel_name=args.kernel, notebooks_dir=args.notebooks,
                   keep_on_failure=args.keep_on_failure, verbose=args.verbose)
@@ -38,7 +38,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_unlock(args: argparse.Namespace) -> int:
-    from .lock import unlock
+    from .nodes.lock import unlock
     from .notebook import open_cluster
     from .params import load
     params = load(_params(args))
@@ -49,29 +49,29 @@ def cmd_unlock(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .report import build
+    from .record.report import build
     print(build(args.run_dir))
     return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from .compare import build
+    from .record.compare import build
     print(build(args.run_dirs, args.out))
     return 0
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
-    from .bugreport import collect, target
     from .notebook import open_cluster
+    from .record.bugreport import collect, target
     run_dir, params = target(args.run_dir, args.params)
     print(collect(run_dir, params, open_cluster(params)))
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from .book.redact import mask
     from .params import load
-    from .redact import mask
-    from .status import report
+    from .record.status import report
     path = _params(args).expanduser().resolve()
     print(mask(report(load(path), path, args.run, nodes=not args.no_nodes)))
     return 0
@@ -89,10 +89,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_preflight(args: argparse.Namespace) -> int:
     from . import preflight
+    from .book.verdict import Verdict
     from .notebook import open_cluster
     from .params import load
     from .steps import preflight as step
-    from .verdict import Verdict
     params = load(_params(args))
     verdict = Verdict(step.TITLE, step.checks(params, preflight.gather(params, open_cluster(params))))
     print(verdict.to_text())
@@ -104,7 +104,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 def _nccl_bars(args: argparse.Namespace) -> tuple[float, float | None, str]:
     """The bars a pasted nccl-tests table is judged against (busbw GB/s, latency µs, and what they
     are): the DGX Spark pair's, built in, unless ``-p`` names a parameters file."""
-    from .nccltests import PAIR_BARS, PAIR_BUSBW_GBPS, PAIR_LATENCY_US
+    from .collectives.nccltests import PAIR_BARS, PAIR_BUSBW_GBPS, PAIR_LATENCY_US
     if args.params:
         from .params import load
         e = load(args.params).expectations
@@ -117,7 +117,9 @@ def _nccl_bars(args: argparse.Namespace) -> tuple[float, float | None, str]:
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
     import textwrap
-    from . import logread, nccltests
+
+    from .collectives import nccltests
+    from .facts import logread
     found = 0
     for name in args.logs:
         source = "<stdin>" if name == "-" else name
@@ -146,8 +148,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
 
 def cmd_lab(args: argparse.Namespace) -> int:
+    from .book.tables import Table
     from .lab import Lab, faults
-    from .tables import Table
     lab = Lab()
     if args.lab_command == "up":
         path = lab.up(args.nodes)

@@ -9,9 +9,9 @@ A notebook's ``parameters`` cell holds only ``params_file`` and ``run_dir`` (bot
 
 :func:`start` handles the three and prints which parameters and which run folder are used. The
 returned :class:`Context` runs the notebook's step (a module of :mod:`sparkbook.steps`, see
-:mod:`sparkbook.step`), records its outcome, gates and concludes.
+:mod:`sparkbook.book.step`), records its outcome, gates and concludes.
 
-A step that changes the nodes (:data:`sparkbook.lock.STEPS`) holds the deployment's lock on the
+A step that changes the nodes (:data:`sparkbook.nodes.lock.STEPS`) holds the deployment's lock on the
 head from :func:`start` until it concludes (or its kernel exits); under ``sparkbook run``, which
 holds the lock for the whole run, it passes. Another run holding it stops the step at
 :func:`start`, with a message that names the holder.
@@ -31,13 +31,13 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Mapping, MutableMapping
 
-
-from . import __version__, lock
+from .book.redact import mask
+from .book.step import Outcome, Step
+from .book.verdict import Check, Verdict
+from .nodes import lock
+from .nodes.remote import Cluster
 from .params import FIELDS, Params, default_params_file, project_root, read, validate
-from .redact import mask
-from .remote import Cluster
-from .step import Outcome, Step
-from .verdict import Check, Verdict
+from .version import __version__
 
 
 def open_cluster(params: Params) -> Cluster:
@@ -82,8 +82,8 @@ class Context:
         return outcome
 
     def hold(self) -> None:
-        """Take the deployment's lock when this step changes the nodes (see :mod:`sparkbook.lock`);
-        raises :class:`~sparkbook.lock.LockHeld` naming the holder when another run has it."""
+        """Take the deployment's lock when this step changes the nodes (see :mod:`sparkbook.nodes.lock`);
+        raises :class:`~sparkbook.nodes.lock.LockHeld` naming the holder when another run has it."""
         if self.held is not None:  # held since an earlier cell: stop if it is no longer this run's
             self.held.check()
             return

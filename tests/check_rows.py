@@ -134,7 +134,7 @@ ROWS: dict[str, Entry] = {
     "all-reduce": Tests(SWEEP_STOPPED,
                         COLLECTIVES + "test_a_rank_that_never_joins_fails_within_the_limit_and_leaves_nothing"),
     "cleanup": Tests(SWEEP_STOPPED),
-    # also `sparkbook diagnose` on a pasted nccl-tests table (nccltests.py)
+    # also `sparkbook diagnose` on a pasted nccl-tests table (collectives/nccltests.py)
     "reduced values": Tests(NCCL + "test_02_judges_its_plateau_and_its_latency_against_the_pair_bars",
                             NCCL + "test_wrong_values_in_a_pasted_table_fail_the_reduced_values"),
     "bus bandwidth": Tests(NCCL + "test_the_published_pair_after_recabling_fails_with_the_remedy"),
@@ -230,10 +230,10 @@ BY_VARIABLE = {
     ("bench/ceiling.py", "name"): ("plausibility *",),         # _judge: f"plausibility {lv.label}"
     ("bench/checks.py", "name"): ("single user vs *",),        # checks: f"single user vs {ref.label}"
     ("distribution/hub.py", "CHECK"): ("model from the hub",),
-    ("known_answers.py", "CHECK"): ("known answers",),
+    ("smoke/known_answers.py", "CHECK"): ("known answers",),
     ("preflight/host.py", "what"): ("driver", "firmware"),     # versions, in_range: ("driver", "firmware")
     ("preflight/nodes.py", "what"): ("model disk", "docker disk"),  # disks
-    ("smoke.py", "name"): (),  # _Smoke.check: the name its callers give, found as s.check(...) calls
+    ("smoke/api.py", "name"): (),  # _Smoke.check: the name its callers give, found as s.check(...) calls
 }
 
 
@@ -261,7 +261,7 @@ def callee(call: ast.Call) -> str | None:
 
 
 def is_smoke(call: ast.Call) -> bool:
-    """A method ``check`` of four positional arguments, the first a str: smoke.py's
+    """A method ``check`` of four positional arguments, the first a str: smoke/api.py's
     ``s.check(name, command, expected, fn)``."""
     return callee(call) == "check" and len(call.args) == 4 and template(call.args[0]) is not None
 
@@ -340,7 +340,7 @@ def rows_naming(test_id: str, case: str) -> list[str]:
 def record(monkeypatch) -> list:
     """The checks the package creates from now on (not those a test writes itself), as the test
     runs: ``Check.__post_init__`` wrapped."""
-    from sparkbook import verdict
+    from sparkbook.book import verdict
     seen: list = []
     original = verdict.Check.__post_init__
 

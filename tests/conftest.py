@@ -10,12 +10,12 @@ import pytest
 import yaml
 
 import check_rows
-from sparkbook import fingerprint
+from sparkbook.record import fingerprint
 from sparkbook.lab import docker
 from sparkbook.params import SSH, Node, load
-from sparkbook.parsers import listener
-from sparkbook.remote import Cluster
-from sparkbook.sshd import SshServer, keygen
+from sparkbook.facts.parsers import listener
+from sparkbook.nodes.remote import Cluster
+from sparkbook.nodes.sshd import SshServer, keygen
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 LAB_YAML = Path(__file__).resolve().parents[1] / "parameters" / "lab.yaml"
@@ -267,7 +267,7 @@ def full_run(lab, tmp_path_factory):
     """The whole runbook on the 2-node lab as the README's first command runs it (`sparkbook run`
     of parameters/lab.yaml), with an API key required and the canaries in the environment: once a
     session, read by tests/test_e2e.py and compared with the 4-node run by tests/test_e2e_quad.py."""
-    from sparkbook.runner import run
+    from sparkbook.runbook.runner import run
     two_nodes(lab)  # asked for first by a 4-node test run alone
     out = tmp_path_factory.mktemp("e2e")
     data = yaml.safe_load(LAB_YAML.read_text())

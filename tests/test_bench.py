@@ -12,13 +12,14 @@ import pytest
 import yaml
 from fake_openai import FakeOpenAI
 
-from sparkbook import endpoint, notebook
+from sparkbook.params import endpoint
+from sparkbook import notebook
 from sparkbook.bench import checks, client, load, plots, records
-from sparkbook.errors import SparkbookError
+from sparkbook.book.errors import SparkbookError
 from sparkbook.params import validate
-from sparkbook.settings import Benchmark, Reference
+from sparkbook.params.settings import Benchmark, Reference
 from sparkbook.steps import benchmark as step
-from sparkbook.verdict import FAIL, PASS, SKIP, WARN, Verdict
+from sparkbook.book.verdict import FAIL, PASS, SKIP, WARN, Verdict
 
 QUIET = dict(progress=False, say=lambda *_: None)
 

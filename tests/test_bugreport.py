@@ -9,10 +9,10 @@ import re
 
 import pytest
 
-from sparkbook import bugreport
-from sparkbook.bugreport import collect
+from sparkbook.record import bugreport
+from sparkbook.record.bugreport import collect
 from sparkbook.params import validate
-from sparkbook.remote import Cluster
+from sparkbook.nodes.remote import Cluster
 from sparkbook.serving.containers import owner_label
 from test_collect import OOM, canary, deployment, members, run_folder  # noqa: F401 (canary: a fixture)
 from test_serving import fake_tools

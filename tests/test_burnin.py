@@ -10,17 +10,18 @@ import yaml
 from conftest import free_port
 from fake_openai import FakeOpenAI
 
-from sparkbook import burnin, notebook
+from sparkbook.smoke import burnin
+from sparkbook import notebook
 from sparkbook.bench.client import Answer
 from sparkbook.bench.records import RequestRecord
-from sparkbook.burnin import Row
-from sparkbook.errors import CheckFailed
+from sparkbook.smoke.burnin import Row
+from sparkbook.book.errors import CheckFailed
 from sparkbook.params import ParamsError, validate
-from sparkbook.samples import MIN_GROUP
-from sparkbook.settings import Smoke
-from sparkbook.smoke import SmokeTest
+from sparkbook.book.samples import MIN_GROUP
+from sparkbook.params.settings import Smoke
+from sparkbook.smoke.api import SmokeTest
 from sparkbook.steps import smoke as step
-from sparkbook.verdict import FAIL, PASS, SKIP, WARN, Check
+from sparkbook.book.verdict import FAIL, PASS, SKIP, WARN, Check
 
 SHORT = dict(requests=8, prompt_tokens=(8, 64), output_tokens=(4, 16), soak_s=1.0, soak_concurrency=2,
              soak_prompt_tokens=16, soak_output_tokens=8, timeout_s=10)

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from sparkbook import memfit
+from sparkbook.facts import memfit
 from sparkbook.bench import ceiling, records
 from sparkbook.params import load, validate
-from sparkbook.remote import Result
-from sparkbook.verdict import FAIL, PASS, SKIP, WARN
+from sparkbook.nodes.remote import Result
+from sparkbook.book.verdict import FAIL, PASS, SKIP, WARN
 
 ROOT = Path(__file__).parents[1]
 QWEN35 = json.loads("".join((ROOT / "tests" / "fixtures" / "qwen3.5-122b-a10b-fp8-config-full.txt")

@@ -6,7 +6,7 @@ import ast
 
 from check_rows import (ROOT, ROWS, Advisory, FailsAs, Tests, expected_text, matches, record, rows_naming, scan,
                         scan_source, statuses, unproved)
-from sparkbook.verdict import Check, Verdict
+from sparkbook.book.verdict import Check, Verdict
 
 
 def test_every_row_in_the_source_has_an_entry_and_every_entry_a_row():

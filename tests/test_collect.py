@@ -20,16 +20,16 @@ import pytest
 import yaml
 
 from conftest import free_port
-from sparkbook import redact
-from sparkbook.bugreport import collect, latest_run, target
+from sparkbook.book import redact
+from sparkbook.record.bugreport import collect, latest_run, target
 from sparkbook.cli import main
 from sparkbook.params import validate
-from sparkbook.redact import _forms
-from sparkbook.remote import Cluster
+from sparkbook.book.redact import _forms
+from sparkbook.nodes.remote import Cluster
 from sparkbook.serving.containers import docker_run, named
 from sparkbook.serving.logs import collect_logs
 from sparkbook.serving.state import remove, replace
-from sparkbook.tables import Table
+from sparkbook.book.tables import Table
 from test_serving import fake_tools
 
 # A Hugging Face token in the variable the parameters name (not a name masked by its look), with

@@ -6,11 +6,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 
-from sparkbook import collectives, notebook, report
+from sparkbook.collectives import sweep as collectives
+from sparkbook import notebook
+from sparkbook.record import report
 from sparkbook.cli import main
 from sparkbook.distribution.image import ImageOutcome, Transfer
 from sparkbook.params import load
-from sparkbook.remote import Cluster
+from sparkbook.nodes.remote import Cluster
 from sparkbook.steps import collectives as step
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,7 +118,7 @@ def test_a_rank_that_never_joins_fails_within_the_limit_and_leaves_nothing(lab, 
 def test_verdict_on_a_real_two_gpu_run_reads_the_transport_from_the_channels():
     """Two H200 of one host, run as two torchrun 'nodes' (tests/fixtures/nccl-p2p-h200x2-1.txt):
     NCCL printed 'Using network Socket' but moved everything over P2P: no socket-fallback FAIL."""
-    from sparkbook.parsers import parse_nccl_log
+    from sparkbook.facts.parsers import parse_nccl_log
     p = load(ROOT / "parameters" / "dgx-spark-pair.yaml")
     log = (Path(__file__).parent / "fixtures" / "nccl-p2p-h200x2-1.txt").read_text()
     rows = [{"bytes": 2**30, "time_us": 3352.8, "algbw_gbs": 320.25, "busbw_gbs": 320.25, "correct": True}]

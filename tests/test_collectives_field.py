@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from sparkbook import collectives, nccltests
+from sparkbook.collectives import sweep as collectives, nccltests
 from sparkbook.cli import main
 from sparkbook.params import load
-from sparkbook.parsers import parse_nccl_log
+from sparkbook.facts.parsers import parse_nccl_log
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -12,9 +12,9 @@ import re
 import pytest
 
 from browser import images_loaded, opened
-from sparkbook import compare, fingerprint
+from sparkbook.record import compare, fingerprint
 from sparkbook.cli import main
-from sparkbook.errors import SparkbookError
+from sparkbook.book.errors import SparkbookError
 
 
 def level(c: int, tok_s: float, ttft: float) -> dict:

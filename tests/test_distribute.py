@@ -32,14 +32,14 @@ from sparkbook.lab import faults
 from sparkbook.lab.lab import docker
 from sparkbook.lab.nodes import lab_params, params_file
 from sparkbook.params import load, validate
-from sparkbook.settings import relay_plan
-from sparkbook.runner import run
+from sparkbook.params.settings import relay_plan
+from sparkbook.runbook.runner import run
 from sparkbook.scripts.imagestream import Layers, carried, chain_ids, split
 from sparkbook.scripts.savearchive import v1_ids
 from sparkbook.scripts.layerstore import expected_bytes
-from sparkbook.shell import SCRIPTS, script, sh
+from sparkbook.nodes.shell import SCRIPTS, script, sh
 from sparkbook.steps import distribute as step
-from sparkbook.verdict import FAIL
+from sparkbook.book.verdict import FAIL
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = ROOT / "parameters" / "lab.yaml"

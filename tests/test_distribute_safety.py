@@ -18,11 +18,11 @@ import pytest
 from sparkbook.distribution import image, model
 from sparkbook.distribution.model import listing, model_checks, model_table, sync_model
 from sparkbook.lab.nodes import lab_params
-from sparkbook.manifest import PARTIAL_DIR, manifest_script, parse_manifest
+from sparkbook.facts.manifest import PARTIAL_DIR, manifest_script, parse_manifest
 from sparkbook.params import validate
-from sparkbook.remote import Result, Results
-from sparkbook.shell import script
-from sparkbook.verdict import FAIL, PASS, WARN
+from sparkbook.nodes.remote import Result, Results
+from sparkbook.nodes.shell import script
+from sparkbook.book.verdict import FAIL, PASS, WARN
 import test_distribute
 from test_distribute import DIFF_IDS, copy_locally, loaded
 

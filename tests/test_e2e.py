@@ -10,7 +10,7 @@ import json
 
 from browser import images_loaded, opened
 from conftest import API_KEY, CANARY
-from sparkbook.redact import _forms
+from sparkbook.book.redact import _forms
 
 STEPS = ["00_inventory", "01_preflight", "02_collectives", "03_distribute_image", "04_ray_cluster",
          "05_serve", "06_smoke_test", "07_benchmark", "08_teardown"]

@@ -15,7 +15,7 @@ from conftest import resized
 from jupyterlab_harness import light_params
 from sparkbook.lab import params_file
 from sparkbook.params import load
-from sparkbook.runner import run
+from sparkbook.runbook.runner import run
 
 STEPS = ["00_inventory", "01_preflight", "02_collectives", "03_distribute_image", "04_ray_cluster",
          "05_serve", "06_smoke_test", "07_benchmark", "08_teardown"]
@@ -121,7 +121,7 @@ def test_compare_of_the_two_and_four_node_runs_renders_both_and_their_layouts(fu
     every plot loaded."""
     from conftest import API_KEY, CANARY
     from sparkbook.cli import main
-    from sparkbook.redact import _forms
+    from sparkbook.book.redact import _forms
     from test_compare import render
     (two, _), (four, _) = full_run, quad_run
     assert main(["compare", str(two), str(four)]) == 0

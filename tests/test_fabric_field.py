@@ -36,10 +36,10 @@ import yaml
 from sparkbook import preflight
 from sparkbook.lab import faults, simhw
 from sparkbook.params import validate
-from sparkbook.parsers import parse_ethtool_fec, parse_fec_sections, parse_sections, parse_show_gids
+from sparkbook.facts.parsers import parse_ethtool_fec, parse_fec_sections, parse_sections, parse_show_gids
 from sparkbook.preflight.collect import parse
-from sparkbook.remote import Cluster
-from sparkbook.verdict import FAIL, PASS, SKIP, WARN
+from sparkbook.nodes.remote import Cluster
+from sparkbook.book.verdict import FAIL, PASS, SKIP, WARN
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).with_name("fixtures")

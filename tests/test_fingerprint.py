@@ -19,11 +19,11 @@ from types import SimpleNamespace
 
 import yaml
 
-from sparkbook import fingerprint, report
-from sparkbook.fingerprint import Fingerprint, differences, ensure, load
+from sparkbook.record import fingerprint, report
+from sparkbook.record.fingerprint import Fingerprint, differences, ensure, load
 from sparkbook.params import validate
-from sparkbook.remote import Result, Results
-from sparkbook.verdict import PASS, Check, Verdict
+from sparkbook.nodes.remote import Result, Results
+from sparkbook.book.verdict import PASS, Check, Verdict
 from test_report import run_folder
 from test_serving import fake_tools
 

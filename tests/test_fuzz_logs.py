@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 from conftest import FIELD_SAMPLES
 
-from sparkbook import logread, redact, signatures
+from sparkbook.facts import logread, signatures
+from sparkbook.book import redact
 from sparkbook.cli import parser
-from sparkbook.progress import Progress
+from sparkbook.book.progress import Progress
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED, INPUTS = 26, 300

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sparkbook import redact
-from sparkbook.fields import MAX_BYTES
+from sparkbook.book import redact
+from sparkbook.params.fields import MAX_BYTES
 from sparkbook.params import Params, ParamsError, load
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,11 +16,13 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from sparkbook import bugreport, compare, fingerprint, params, redact, report, status
-from sparkbook.runs import folder as runfolder
+from sparkbook.record import bugreport, compare, fingerprint, report, status
+from sparkbook import params
+from sparkbook.book import redact
+from sparkbook.record import folder as runfolder
 from sparkbook.cli import main
-from sparkbook.errors import SparkbookError
-from sparkbook.verdict import FAIL, PASS, Check, Verdict
+from sparkbook.book.errors import SparkbookError
+from sparkbook.book.verdict import FAIL, PASS, Check, Verdict
 from test_compare import fingerprint_of, make_run
 
 SEED = 20261201

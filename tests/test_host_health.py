@@ -16,8 +16,8 @@ from sparkbook.params import ParamsError, validate
 from sparkbook.preflight import host
 from sparkbook.preflight.collect import Preflight, node_bundle, parse
 from sparkbook.preflight.host_state import parse_host_state, parse_nvidia_smi_q
-from sparkbook.remote import Cluster
-from sparkbook.verdict import FAIL, PASS, SKIP, WARN
+from sparkbook.nodes.remote import Cluster
+from sparkbook.book.verdict import FAIL, PASS, SKIP, WARN
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = ROOT / "parameters" / "lab.yaml"
@@ -190,7 +190,7 @@ def test_a_real_spark_firmware_read_from_ibv_devinfo_is_within_the_spark_range()
     place (../shared/field-samples), within the range parameters/dgx-spark-pair.yaml sets."""
     if not SPARK_IBV_DEVINFO.exists():
         pytest.skip(f"field sample absent: {SPARK_IBV_DEVINFO}")
-    from sparkbook.parsers import parse_ibv_devinfo
+    from sparkbook.facts.parsers import parse_ibv_devinfo
     devices = parse_ibv_devinfo("".join(SPARK_IBV_DEVINFO.read_text().splitlines(keepends=True)[2:]))
     params = params_with(expectations={"firmware": yaml.safe_load(
         (ROOT / "parameters" / "dgx-spark-pair.yaml").read_text())["expectations"]["firmware"]})

@@ -13,7 +13,7 @@ from paramiko.message import Message
 
 from conftest import free_port
 from sparkbook.params import SSH, Node
-from sparkbook.sshd import keygen
+from sparkbook.nodes.sshd import keygen
 from test_ssh_safety import certified, node_of, pubkey, run_true  # noqa: F401 (certified: a fixture)
 
 

@@ -22,10 +22,10 @@ from sparkbook.distribution.model import ModelOutcome, manifests
 from sparkbook.lab.hubserver import HubServer
 from sparkbook.params import load, validate
 from sparkbook.serving.commands import secrets_path
-from sparkbook.remote import Cluster
+from sparkbook.nodes.remote import Cluster
 from sparkbook.scripts.hub_download import STATE, _SameOriginAuth, parse_line
 from sparkbook.steps import distribute as step
-from sparkbook.verdict import FAIL, PASS, SKIP
+from sparkbook.book.verdict import FAIL, PASS, SKIP
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = ROOT / "parameters" / "lab.yaml"

@@ -25,13 +25,13 @@ import pytest
 from sparkbook.distribution import image
 from sparkbook.distribution.identity import INSPECT_FORMAT, SAME_CONTENT, ImageIdentity, parse, same_image
 from sparkbook.distribution.image import ImageOutcome, NodeImage, Survey, Transfer, distribute_image, image_checks
-from sparkbook.errors import CheckFailed
+from sparkbook.book.errors import CheckFailed
 from sparkbook.lab.lab import docker
 from sparkbook.params import load
 from sparkbook.preflight import artifacts
 from sparkbook.preflight.collect import Preflight
 from sparkbook.serving import inspection, state
-from sparkbook.shell import script
+from sparkbook.nodes.shell import script
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = ROOT / "parameters" / "lab.yaml"

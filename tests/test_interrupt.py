@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sparkbook.interrupt import GRACE_S
+from sparkbook.runbook.interrupt import GRACE_S
 import test_lock
 from test_runner import ROOT, START, notebook
 

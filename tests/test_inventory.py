@@ -10,11 +10,11 @@ import yaml
 
 import sparkbook as sb
 from conftest import field_sample, free_port
-from sparkbook import inventory
+from sparkbook.facts import inventory
 from sparkbook.cli import main
 from sparkbook.params import validate
-from sparkbook.parsers import parse_nvidia_smi_csv, parse_sections
-from sparkbook.remote import Cluster
+from sparkbook.facts.parsers import parse_nvidia_smi_csv, parse_sections
+from sparkbook.nodes.remote import Cluster
 from sparkbook.steps import inventory as step
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -27,7 +27,7 @@ from jupyterlab_harness import Shown, jupyterlab, lab_page, light_params
 
 STEPS = ["00_inventory", "01_preflight", "02_collectives", "03_distribute_image", "04_ray_cluster",
          "05_serve", "06_smoke_test", "07_benchmark", "08_teardown"]
-# The notebooks whose work shows progress (sparkbook/progress.py): widgets appear while the cells
+# The notebooks whose work shows progress (sparkbook/book/progress.py): widgets appear while the cells
 # run (vLLM's start-up per node in 05, the burn-in in 06, the benchmark levels in 07), and in 02 or
 # 03 when the image is copied (a bar per worker; on a lab that earlier tests left with the image on
 # every node, nothing is copied)

@@ -12,12 +12,13 @@ import pytest
 import yaml
 from fake_openai import FakeOpenAI
 
-from sparkbook import known_answers as known, notebook
-from sparkbook.errors import CheckFailed
+from sparkbook.smoke import known_answers as known
+from sparkbook import notebook
+from sparkbook.book.errors import CheckFailed
 from sparkbook.params import validate
-from sparkbook.smoke import SmokeTest
+from sparkbook.smoke.api import SmokeTest
 from sparkbook.steps import smoke as step
-from sparkbook.verdict import FAIL, PASS, SKIP
+from sparkbook.book.verdict import FAIL, PASS, SKIP
 
 
 def ask(server: FakeOpenAI, run_dir: Path, key: str = "k1") -> tuple[known.KnownAnswers, object]:

@@ -14,11 +14,11 @@ import pytest
 import yaml
 
 from conftest import field_sample
-from sparkbook import parsers
+from sparkbook.facts import parsers
 from sparkbook.lab import Lab, LabError, faults, host, lab_nodes, lab_params
 from sparkbook.lab.host import leftovers
 from sparkbook.params import validate
-from sparkbook.remote import Cluster
+from sparkbook.nodes.remote import Cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 

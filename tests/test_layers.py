@@ -78,8 +78,8 @@ def test_no_import_cycles():
     assert cycles(graph) == []
 
 
-@pytest.mark.parametrize("low", ["sparkbook.remote", "sparkbook.params", "sparkbook.verdict", "sparkbook.signatures",
-                                 "sparkbook.parsers", "sparkbook.tables"])
+@pytest.mark.parametrize("low", ["sparkbook.nodes.remote", "sparkbook.params", "sparkbook.book.verdict", "sparkbook.facts.signatures",
+                                 "sparkbook.facts.parsers", "sparkbook.book.tables"])
 def test_low_layers_import_no_steps_notebook_or_lab(low):
     graph = imports()
     bad = [t for t in graph[low] if t.startswith(("sparkbook.lab", "sparkbook.steps", "sparkbook.notebook"))]
@@ -96,3 +96,11 @@ def test_steps_do_not_import_each_other():
 def test_no_module_over_the_limit():
     long = {module_name(p): n for p in PKG.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+def test_the_top_level_holds_only_the_doors():
+    """Everything else lives in a folder of its kind (README's Layout names them)."""
+    assert {p.stem for p in PKG.glob("*.py")} == {"__init__", "cli", "notebook", "version"}
+    folders = {p.name for p in PKG.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    readme = (PKG.parent / "README.md").read_text()
+    assert not [f for f in folders if f"  {f}/" not in readme], "a folder missing from README's Layout"

@@ -13,16 +13,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sparkbook import lock
+from sparkbook.nodes import lock
 from sparkbook.cli import main
 from sparkbook.notebook import Context
 from sparkbook.params import load
-from sparkbook.remote import Cluster
-from sparkbook.step import Outcome
-from sparkbook.workdir import workdir
+from sparkbook.nodes.remote import Cluster
+from sparkbook.book.step import Outcome
+from sparkbook.nodes.shell import SCRIPTS
+from sparkbook.nodes.workdir import workdir
 from test_runner import LOCALHOST, START, notebook, step_start
 
-SCRIPT = Path(lock.__file__).parent / "scripts" / "lock.sh"
+SCRIPT = SCRIPTS / "lock.sh"
 PROC = "8f0c2a1e-boot/pid:[4026531836]/123456"  # boot ID / PID namespace / start time
 RUN_A = ["tA", "alice@ops-1", "ops-1", "4242", PROC, "/runs/a", "2026-11-30T10:00:00+00:00"]
 
@@ -229,7 +230,7 @@ def test_an_interactive_kernel_that_exits_gives_the_lock_back(deployment, tmp_pa
     kernel (here: a Python process) exits."""
     lock_file = Path(workdir(deployment, deployment.head), "lock")
     code = ("import sys, types\nfrom sparkbook.notebook import Context\nfrom sparkbook.params import load\n"
-            "from sparkbook.step import Outcome\n"
+            "from sparkbook.book.step import Outcome\n"
             "s = types.SimpleNamespace(NAME='03_distribute_image', TITLE='t', run=lambda ctx: Outcome(),"
             " checks=lambda p, o: [])\n"
             f"ctx = Context(load({str(tmp_path / 'params.yaml')!r}), 'x', {str(tmp_path)!r}, s)\n"

@@ -1,6 +1,6 @@
 import subprocess
 
-from sparkbook.manifest import describe_differences, manifest_differences, manifest_script, parse_manifest
+from sparkbook.facts.manifest import describe_differences, manifest_differences, manifest_script, parse_manifest
 
 
 def _run(script) -> str:

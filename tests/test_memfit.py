@@ -15,20 +15,21 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sparkbook import memfit, notebook, preflight
-from sparkbook.errors import CheckFailed
+from sparkbook.facts import memfit
+from sparkbook import notebook, preflight
+from sparkbook.book.errors import CheckFailed
 from sparkbook.lab import lab_params
 from sparkbook.params import load, validate
-from sparkbook.parsers import parse_meminfo, parse_sections
-from sparkbook.remote import Cluster, Result, Results
-from sparkbook.workdir import workdir
+from sparkbook.facts.parsers import parse_meminfo, parse_sections
+from sparkbook.nodes.remote import Cluster, Result, Results
+from sparkbook.nodes.workdir import workdir
 from sparkbook.serving.commands import serving_container
 from sparkbook.serving.deploy import Deployment, serving_fingerprint, vllm_running, what_runs
 from sparkbook.serving.state import NodeState, node_states
 from sparkbook.serving.teardown import teardown
-from sparkbook.shell import SCRIPTS
+from sparkbook.nodes.shell import SCRIPTS
 from sparkbook.steps import serve as serve_step
-from sparkbook.verdict import FAIL, PASS, SKIP, WARN
+from sparkbook.book.verdict import FAIL, PASS, SKIP, WARN
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = ROOT / "parameters" / "lab.yaml"

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sparkbook.errors import CheckFailed
+from sparkbook.book.errors import CheckFailed
 from sparkbook.notebook import Context
 from sparkbook.params import load
-from sparkbook.step import Outcome
-from sparkbook.verdict import Check
+from sparkbook.book.step import Outcome
+from sparkbook.book.verdict import Check
 
 import test_lock
 
@@ -123,7 +123,7 @@ def test_a_setup_cell_run_again_gives_the_earlier_contexts_lock_back(deployment,
     it: no second holder in one kernel whose heartbeat, after the new one concludes, finds the lock
     gone ("no longer this run's")."""
     from sparkbook.notebook import start
-    from sparkbook.workdir import workdir
+    from sparkbook.nodes.workdir import workdir
     from test_lock import step as step_named
     lock_file = Path(workdir(deployment, deployment.head), "lock")
     ns = {"params_file": str(tmp_path / "params.yaml"), "run_dir": str(tmp_path / "run")}

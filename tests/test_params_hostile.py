@@ -10,9 +10,10 @@ import time
 import pytest
 import yaml
 
-from sparkbook import frontpage, notebook
+from sparkbook.runbook import frontpage
+from sparkbook import notebook
 from sparkbook.cli import main
-from sparkbook.fields import MAX_BYTES, MAX_DEPTH, MAX_VALUES
+from sparkbook.params.fields import MAX_BYTES, MAX_DEPTH, MAX_VALUES
 from sparkbook.params import ParamsError, load, validate
 from test_params import ROOT, pair, problems
 

@@ -4,8 +4,8 @@ a mount, values accepted but wrong, and secrets too short to mask or written in 
 import pytest
 import yaml
 
-from sparkbook import redact
-from sparkbook.fields import UniqueKeyLoader
+from sparkbook.book import redact
+from sparkbook.params.fields import UniqueKeyLoader
 from sparkbook.params import ParamsError, load, validate
 from test_params import ROOT, pair, problems
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from conftest import field_sample
-from sparkbook import parsers
+from sparkbook.facts import parsers
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

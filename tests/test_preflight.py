@@ -22,10 +22,10 @@ from sparkbook.preflight import tcp
 from sparkbook.preflight import nodes as node_checks
 from sparkbook.preflight.collect import STALE, clock_skews, node_bundle, parse
 from sparkbook.preflight.layout import MIXED, PAIR, RING, SWITCH, classify
-from sparkbook.remote import Cluster, Result
+from sparkbook.nodes.remote import Cluster, Result
 from sparkbook.scripts import tcp_ports
 from sparkbook.steps import preflight as step
-from sparkbook.verdict import FAIL, PASS, WARN
+from sparkbook.book.verdict import FAIL, PASS, WARN
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = ROOT / "parameters" / "lab.yaml"

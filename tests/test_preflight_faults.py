@@ -15,8 +15,8 @@ Sources (what owners report):
 
 from sparkbook import preflight
 from sparkbook.lab import faults
-from sparkbook.remote import Cluster
-from sparkbook.verdict import FAIL, PASS
+from sparkbook.nodes.remote import Cluster
+from sparkbook.book.verdict import FAIL, PASS
 
 NODE = "spark-2"
 # fault -> the checks it must fail on NODE

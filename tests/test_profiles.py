@@ -8,9 +8,10 @@ import pytest
 import yaml
 from fake_openai import FakeOpenAI
 
-from sparkbook.bench import load, profiles
+from sparkbook.bench import load
+from sparkbook.params import profiles
 from sparkbook.params import ParamsError, validate
-from sparkbook.settings import Benchmark
+from sparkbook.params.settings import Benchmark
 
 LOCAL = Path(__file__).parents[1] / "parameters" / "localhost.yaml"
 

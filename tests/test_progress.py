@@ -1,4 +1,4 @@
-"""Live progress (sparkbook/progress.py): printed lines outside a kernel; in a kernel one display
+"""Live progress (sparkbook/book/progress.py): printed lines outside a kernel; in a kernel one display
 updated in place, as text where no front end draws widgets (`sparkbook run`) and as an ipywidgets
 view in JupyterLab, which ends as the text snapshot of the end state; the report of an executed
 notebook shows that snapshot and no widget."""
@@ -11,8 +11,9 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from sparkbook import progress, report
-from sparkbook.progress import Progress, fraction_of
+from sparkbook.book import progress
+from sparkbook.record import report
+from sparkbook.book.progress import Progress, fraction_of
 
 VIEW = "application/vnd.jupyter.widget-view+json"
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,7 +138,7 @@ def test_fraction_of():
 NOTEBOOK = """\
 import os
 {env}
-from sparkbook.progress import Progress
+from sparkbook.book.progress import Progress
 with Progress("image from spark-1") as p:
     for i in range(5):
         p.update("spark-2", f"{{i}} of 4 GiB", fraction=i / 4)

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from sparkbook.shell import script
+from sparkbook.nodes.shell import script
 
 REFUSED = "not a plain file of the model folder (a link, a folder, or a path out of it)"
 

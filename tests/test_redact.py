@@ -10,10 +10,10 @@ from urllib.parse import quote, quote_plus
 import nbformat
 import pytest
 
-from sparkbook import redact
-from sparkbook.redact import MASK, mask, mask_tree, protect_value
-from sparkbook.tables import Table
-from sparkbook.verdict import FAIL, Check, Verdict
+from sparkbook.book import redact
+from sparkbook.book.redact import MASK, mask, mask_tree, protect_value
+from sparkbook.book.tables import Table
+from sparkbook.book.verdict import FAIL, Check, Verdict
 
 # every character that some escape rewrites: a quote, a backslash, markup, a space, non-ASCII
 SECRET = 'sk-"Wombat\\Xz"&<b>it\'s é-7Zq9'
@@ -157,7 +157,7 @@ def test_mask_is_linear_on_a_mib_of_upper_case_text():
     root = Path(__file__).resolve().parents[1]
     code = textwrap.dedent("""
         import json, sys, time
-        from sparkbook.redact import MASK, mask
+        from sparkbook.book.redact import MASK, mask
         took = {}
         for unit in json.loads(sys.argv[1]):
             text = (unit * (2**20 // len(unit) + 1))[:2**20]

@@ -10,9 +10,9 @@ from pathlib import Path
 import yaml
 
 from sparkbook import preflight
-from sparkbook.inventory import Inventory
+from sparkbook.facts.inventory import Inventory
 from sparkbook.params import validate
-from sparkbook.parsers import parse_fec_sections
+from sparkbook.facts.parsers import parse_fec_sections
 from sparkbook.preflight.collect import Preflight, parse
 from sparkbook.serving.commands import container_name
 from sparkbook.serving.deploy import Deployment
@@ -21,9 +21,9 @@ from sparkbook.serving.logs import Diagnosis
 from sparkbook.serving.ray import RayCluster
 from sparkbook.serving.startup import Stall
 from sparkbook.serving.teardown import Teardown
-from sparkbook.signatures import SIGNATURES
+from sparkbook.facts.signatures import SIGNATURES
 from sparkbook.steps import inventory, ray_cluster, serve, teardown
-from sparkbook.verdict import FAIL, PASS, SCOPES, WARN, Check, Verdict
+from sparkbook.book.verdict import FAIL, PASS, SCOPES, WARN, Check, Verdict
 
 LAB = Path(__file__).resolve().parents[1] / "parameters" / "lab.yaml"
 FEC_OFF = LAB.parents[1] / "tests" / "fixtures" / "ethtool-show-fec-spark-none-1.txt"
@@ -248,7 +248,7 @@ def test_a_port_that_is_down_names_its_interface_in_the_remedy():
 
 def test_the_check_itself_fails_on_a_bad_remedy():
     """The renderer catches each kind of defect (else the tests above could not fail)."""
-    from sparkbook.verdict import Check
+    from sparkbook.book.verdict import Check
     names = {"spark-1"}
     for bad in (Check("x", "spark-1", FAIL, "seen", "want", ""),
                 Check("x", "spark-1", FAIL, "seen", "want", "`ip link set {where} up`"),
@@ -356,7 +356,7 @@ def test_the_matrix_links_remedies_too():
 def test_only_existing_steps_in_text_are_linked():
     """A notebook that does not exist, a path, a longer word and an attribute stay as they are; a
     stem without .ipynb links to the notebook."""
-    from sparkbook.verdict import link_steps
+    from sparkbook.book.verdict import link_steps
     page = ("<td title='04_ray_cluster.ipynb'>09_nothing.ipynb, a/05_serve.ipynb, 05_served, 08_teardown, "
             "06_smoke_test.ipynb's</td>")
     assert link_steps(page) == ("<td title='04_ray_cluster.ipynb'>09_nothing.ipynb, a/05_serve.ipynb, 05_served, "

@@ -9,10 +9,10 @@ from contextlib import contextmanager
 
 import pytest
 
-from sparkbook.errors import CheckFailed
+from sparkbook.book.errors import CheckFailed
 from sparkbook.params import SSH, Node
-from sparkbook.remote import Cluster, connection
-from sparkbook.shell import sh, wrap
+from sparkbook.nodes.remote import Cluster, connection
+from sparkbook.nodes.shell import sh, wrap
 
 
 def test_parallel_run_reaches_each_node_and_overlaps(ssh_nodes):
@@ -194,7 +194,7 @@ def test_streamed_lines_arriving_in_pieces_stay_whole():
     import io
     import threading
 
-    from sparkbook.remote import _Prefixer
+    from sparkbook.nodes.remote import _Prefixer
     sink = io.StringIO()
     out = _Prefixer("spark-2", sink, threading.Lock())
     for piece in ("DO", "NE {\"a\"", ": 1}\nPROG", "RESS 5"):
@@ -226,7 +226,7 @@ def test_a_command_stops_when_this_machine_goes_away(ssh_nodes, tmp_path, local)
     node = ("Node(name='here', host='localhost', local=True)" if local else
             f"Node(name='n', host='127.0.0.1', port={ssh_nodes.servers[0].port}, user='root', "
             f"key={str(ssh_nodes.key)!r})")
-    program = ("import sys; from sparkbook.params import SSH, Node; from sparkbook.remote import Cluster\n"
+    program = ("import sys; from sparkbook.params import SSH, Node; from sparkbook.nodes.remote import Cluster\n"
                f"ssh = SSH(known_hosts=[{str(ssh_nodes.known_hosts)!r}])\n"
                f"print('go', flush=True); Cluster([{node}], ssh).run('sleep 41.75', timeout=600)\n")
     proc = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, text=True)

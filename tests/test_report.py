@@ -10,13 +10,13 @@ import re
 import nbformat
 import pytest
 
-from sparkbook import report
-from sparkbook.errors import CheckFailed
+from sparkbook.record import report
+from sparkbook.book.errors import CheckFailed
 from sparkbook.lab.nodes import lab_params
 from sparkbook.params import validate
 from sparkbook.preflight import Preflight
 from sparkbook.steps import preflight as step
-from sparkbook.verdict import FAIL, PASS, SKIP, WARN, Check, Verdict, is_node, mark, nodes_label
+from sparkbook.book.verdict import FAIL, PASS, SKIP, WARN, Check, Verdict, is_node, mark, nodes_label
 
 DOWN = ("spark-5", 1)  # spark-5's second rail: its cable is out
 
@@ -228,7 +228,7 @@ def test_the_report_at_eight_nodes_shows_the_matrix_an_overview_by_node_and_grou
 def test_the_report_masks_every_form_of_a_secret(tmp_path, monkeypatch):
     """A secret a cell printed (HTML-escaped in the page), one an HTML output escaped itself, one in
     markdown (where emphasis would split it), one cut by the index's error column."""
-    from sparkbook import redact
+    from sparkbook.book import redact
     secret = 'pw_"Zorblax&<Q>_9v_Lm\'k'  # a quote, markup and underscores
     monkeypatch.setattr(redact, "_values", set())
     redact.protect_value(secret)
@@ -263,7 +263,7 @@ def page_text(page):
 def test_a_value_with_a_blank_line_a_link_and_a_script_renders_inert(tmp_path):
     """Every value the page adds to the notebooks, each holding a blank line (which ends an HTML
     block in Markdown), a Markdown link to javascript:, a script and an event handler: shown as text."""
-    from sparkbook import fingerprint
+    from sparkbook.record import fingerprint
     v = Verdict(HOSTILE, [Check(HOSTILE, "spark-1", FAIL, HOSTILE, command=f"ls {HOSTILE}")],
                 key_numbers=[(HOSTILE, HOSTILE)])
     out = run_folder(tmp_path, v)
@@ -332,7 +332,7 @@ def _link(out):
 
 
 def _huge(out):
-    from sparkbook.runs import folder as runfolder
+    from sparkbook.record import folder as runfolder
     (out / "summary.json").write_bytes(b" " * (runfolder.MAX_BYTES + 1) + b"{}")
 
 
@@ -437,7 +437,7 @@ def test_html_a_received_notebook_carries_is_shown_without_anything_that_runs_or
 def test_the_report_keeps_every_status_colour_of_the_verdicts(preflight8, tmp_path):
     """The sanitiser keeps the colours the matrix and the check table set, each one (nbconvert's
     own sanitiser dropped nearly all of them)."""
-    from sparkbook.verdict import COLOURS
+    from sparkbook.book.verdict import COLOURS
     out = run_folder(tmp_path, preflight8)
     shown = preflight8._repr_html_()
     page = report.build(out).read_text()

@@ -14,10 +14,11 @@ import yaml
 from conftest import free_port
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from sparkbook import fingerprint, runner
+from sparkbook.record import fingerprint
+from sparkbook.runbook import runner
 from sparkbook.cli import main
-from sparkbook.errors import SparkbookError
-from sparkbook.fingerprint import ensure as real_ensure
+from sparkbook.book.errors import SparkbookError
+from sparkbook.record.fingerprint import ensure as real_ensure
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCALHOST = ROOT / "parameters" / "localhost.yaml"
@@ -200,7 +201,7 @@ def test_injected_bad_field_fails_the_cell_with_the_path(tmp_path):
 
 
 def test_the_parameters_token_variable_is_masked_whatever_its_name(tmp_path, monkeypatch):
-    from sparkbook import redact
+    from sparkbook.book import redact
     from sparkbook.params import load
     secret = "hf_customNAMEsecret98765"
     monkeypatch.setenv("SPARKBOOK_HUGGINGFACE_CRED", secret)  # a name the pattern does not catch
@@ -214,7 +215,7 @@ def test_the_parameters_token_variable_is_masked_whatever_its_name(tmp_path, mon
 
 
 def test_report_key_numbers_commands_and_masked_secrets(books, tmp_path, monkeypatch):
-    from sparkbook import report
+    from sparkbook.record import report
     secret = "hf_reportSECRET123456"
     monkeypatch.setenv("HF_TOKEN", secret)
     notebook(books / "03_leaky.ipynb", step_start("03_leaky", "[Check('thing', 'node-a', 'PASS', "
@@ -244,7 +245,7 @@ def test_run_folders_are_private_and_unique_even_within_one_second(books, tmp_pa
     """Two runs started in the same second get a folder each, readable by their owner alone."""
     from datetime import datetime
 
-    from sparkbook import runner
+    from sparkbook.runbook import runner
 
     class Frozen(datetime):
         @classmethod
@@ -380,7 +381,7 @@ def test_the_terminal_shows_steps_and_cells_and_the_kernels_own_output_goes_to_a
 
 
 # a display updated in place over ~3 s (Progress in a kernel), and an ipywidgets widget
-PROGRESS = ("import time\nfrom sparkbook.progress import Progress\n"
+PROGRESS = ("import time\nfrom sparkbook.book.progress import Progress\n"
             "with Progress('copy', interval=0) as p:\n"
             "    for i in range(7):\n"
             "        p.update('node-a', f'state {i}')\n"
@@ -393,7 +394,7 @@ def test_a_display_updated_in_place_reaches_the_terminal_throttled(books, tmp_pa
                                                                     every):
     """nbclient logs no display update: the engine does, per display at most every UPDATE_EVERY_S,
     and the last state when the cell ends; no widget state is saved (the report loads no JS)."""
-    from sparkbook import engine
+    from sparkbook.runbook import engine
     monkeypatch.setattr(engine, "UPDATE_EVERY_S", every)
     # a run started from the front page inherits its JupyterLab kernel's session name: the run's
     # kernels must not take it (Progress would draw widgets nobody sees, and update no text)
@@ -423,7 +424,7 @@ def test_a_display_that_goes_quiet_shows_its_last_state_without_waiting_for_the_
         books, tmp_path, capfd, monkeypatch):
     """A change held back by the throttle reaches the terminal when its time comes, not only with
     the next update or at the cell's end: a stalled step shows where it stalled."""
-    from sparkbook import engine
+    from sparkbook.runbook import engine
     monkeypatch.setattr(engine, "UPDATE_EVERY_S", 1.0)
     notebook(books / "04_quiet.ipynb", START, QUIET)
     assert main(["run", "-p", str(LOCALHOST), "--notebooks", str(books), "--steps", "04",

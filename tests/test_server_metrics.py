@@ -17,8 +17,8 @@ from fake_openai import FakeOpenAI
 from sparkbook import notebook
 from sparkbook.bench import records, server
 from sparkbook.params import validate
-from sparkbook.remote import Result
-from sparkbook.settings import Benchmark
+from sparkbook.nodes.remote import Result
+from sparkbook.params.settings import Benchmark
 from sparkbook.steps import benchmark as step
 
 FIXTURES = Path(__file__).parent / "fixtures"

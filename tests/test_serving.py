@@ -19,16 +19,16 @@ import yaml
 from conftest import field_sample
 from sparkbook.distribution.identity import INSPECT_FORMAT
 from sparkbook.params import ParamsError, load, validate
-from sparkbook.parsers import parse_sections
-from sparkbook.redact import MASK
-from sparkbook.remote import Cluster
+from sparkbook.facts.parsers import parse_sections
+from sparkbook.book.redact import MASK
+from sparkbook.nodes.remote import Cluster
 from sparkbook.serving import commands, deploy, startup, state
 from sparkbook.serving.inspection import ImageInfo, configured_options, image_checks, image_table
 from sparkbook.serving.state import node_states
 from sparkbook.serving.teardown import teardown
-from sparkbook.shell import command_line
+from sparkbook.nodes.shell import command_line
 from sparkbook.steps import serve as serve_step
-from sparkbook.verdict import FAIL, PASS, SKIP
+from sparkbook.book.verdict import FAIL, PASS, SKIP
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIR = ROOT / "parameters" / "dgx-spark-pair.yaml"
@@ -104,7 +104,7 @@ def test_every_container_names_its_program_whatever_the_images_entrypoint():
     """vllm/vllm-openai images declare ENTRYPOINT ["vllm", "serve"]: a command after the image
     would be appended to it. Each sparkbook container sets its own entrypoint, or runs its whole
     command through runtime.entrypoint; extra docker_args come before the image."""
-    from sparkbook.collectives import command as torchrun_command
+    from sparkbook.collectives.sweep import command as torchrun_command
     p = load(PAIR)
     for cmd, first in ((commands.container_command(p, p.head, ray=True), ["ray", "start"]),
                        (commands.container_command(p, p.head, ray=False), ["vllm", "serve"]),
@@ -518,7 +518,7 @@ esac
 def docker_of(tmp_path, monkeypatch):
     """The fake docker above, its containers (name -> deployment, or "deployment/owner"), the
     calls it got; the working folder of every deployment under tmp_path."""
-    from sparkbook import workdir
+    from sparkbook.nodes import workdir
     folder = tmp_path / "containers"
     folder.mkdir()
     monkeypatch.setenv("FAKE_DOCKER", str(folder))
@@ -536,7 +536,7 @@ def docker_of(tmp_path, monkeypatch):
 def test_a_container_starts_in_place_of_its_own_never_of_anothers(docker_of, monkeypatch):
     """`docker rm -f NAME` only when NAME is this deployment's container; another's is left, and
     the start refused naming it. The working folder is made private first."""
-    from sparkbook.errors import CheckFailed
+    from sparkbook.book.errors import CheckFailed
     monkeypatch.delenv("HF_TOKEN", raising=False)
     local = local_params("mp")
     name = commands.container_name(local, False)
@@ -574,7 +574,7 @@ def test_node_state_reads_this_deployments_containers_fingerprints_and_images(do
     assert not st.current("sparkbook-localhost-vllm", "fp2")
     assert [c.check for c in state.port_conflicts(local, {"this-machine": st})] == ["port free"]
     said = docker_of.calls.read_text()
-    assert "--filter label=sparkbook=localhost --format {{.Names}}\\t{{.State}}\\t{{.Label \"sparkbook.fingerprint\"}}" in said
+    assert "--filter label=sparkbook=localhost --format {{.Names}}\\t{{.State}}\\t{{.Label \"sparkbook.record.fingerprint\"}}" in said
     assert f"docker image inspect --format {INSPECT_FORMAT} -- {local.runtime.image}" in said
 
 
@@ -697,12 +697,12 @@ def test_the_api_key_reaches_vllm_through_the_secrets_file_only(monkeypatch):
         assert cmd[cmd.index("--env-file") + 1] == commands.secrets_path(p, p.head)
         shown = commands.commands_table(p).to_text() + json.dumps(cmd)
         assert key not in shown and "--api-key" not in shown
-    from sparkbook.redact import mask
+    from sparkbook.book.redact import mask
     assert mask(f"key: {key}") == f"key: {MASK}"  # masked once read, whatever the variable's name
 
 
 def test_a_missing_key_variable_is_refused_before_anything_starts(monkeypatch):
-    from sparkbook.errors import CheckFailed
+    from sparkbook.book.errors import CheckFailed
     monkeypatch.delenv("SPARKBOOK_TEST_API_KEY", raising=False)
     with pytest.raises(CheckFailed, match="SPARKBOOK_TEST_API_KEY, which is not set"):
         deploy.serve(lab_like(api_key_env="SPARKBOOK_TEST_API_KEY"), None, Path("unused"))
@@ -733,7 +733,7 @@ def test_secrets_go_through_a_private_file_removed_after_the_start(docker_of, mo
     """The HF token, the API key (vLLM) and Ray's own token (a new one per Ray cluster, masked)
     reach the containers through a mode-600 file that is gone once they run; no docker command
     line holds them."""
-    from sparkbook.redact import mask
+    from sparkbook.book.redact import mask
     hf, key = "hf_sparkbookCANARY0123456789", "sk-sparkbook-file-key-0123456789"
     monkeypatch.setenv("HF_TOKEN", hf)
     monkeypatch.setenv("SPARKBOOK_TEST_API_KEY", key)

@@ -16,11 +16,11 @@ import pytest
 import yaml
 
 from sparkbook.distribution.image import ensure_image
-from sparkbook.errors import CheckFailed
+from sparkbook.book.errors import CheckFailed
 from sparkbook.lab import docker, faults, lab_params
 from sparkbook.params import load
-from sparkbook.parsers import listener
-from sparkbook.runner import run
+from sparkbook.facts.parsers import listener
+from sparkbook.runbook.runner import run
 from sparkbook.serving import deploy
 from sparkbook.lab.image import build_without_platform
 from sparkbook.serving.commands import container_name, ray_container
@@ -29,7 +29,7 @@ from sparkbook.serving.ray import form_ray_cluster
 from sparkbook.serving.state import node_states
 from sparkbook.serving.teardown import teardown
 from sparkbook.steps import serve as serve_step
-from sparkbook.verdict import FAIL, PASS, WARN
+from sparkbook.book.verdict import FAIL, PASS, WARN
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = ROOT / "parameters" / "lab.yaml"
@@ -130,10 +130,10 @@ def test_a_server_throttled_halfway_through_the_soak_fails_06s_drift(lab, params
     """06's soak on the served lab: passes (or at worst warns) as it is, on this busy machine; with
     the worker's vLLM held to a fraction of a core from a quarter of the soak on (the cpu-quota fault),
     the drift fails 06, by the median and the rank test."""
-    from sparkbook import burnin
-    from sparkbook.settings import Smoke
+    from sparkbook.smoke import burnin
+    from sparkbook.params.settings import Smoke
     from sparkbook.steps import smoke as smoke_step
-    from sparkbook.verdict import Verdict
+    from sparkbook.book.verdict import Verdict
     # judged at the Spark's 1.5x: measured 1.03x as it runs, 2.76x throttled (parameters/lab.yaml)
     soak = Smoke(**{**params.smoke.model_dump(), "requests": 1, "soak_s": 24.0, "drift_limit": 1.5})
 

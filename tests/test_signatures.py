@@ -1,4 +1,4 @@
-"""The failure signatures (sparkbook.signatures) on real log lines from public threads
+"""The failure signatures (sparkbook.facts.signatures) on real log lines from public threads
 (tests/fixtures/logs/, each naming its source), on real DGX Spark logs (../shared/field-samples),
 02's and 05's use of the one table, and ``sparkbook diagnose``."""
 
@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import field_sample
 
-from sparkbook import collectives, signatures
+from sparkbook.collectives import sweep as collectives
+from sparkbook.facts import signatures
 from sparkbook.cli import main
 from sparkbook.params import load
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkbook import signatures
+from sparkbook.facts import signatures
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 2**20
@@ -68,7 +68,7 @@ def run(code: str, timeout: float, *args: str) -> tuple[dict, str]:
 def test_a_line_of_1_mib_is_matched_in_bounded_time_whatever_it_repeats():
     took, _ = run("""
         import json, sys, time
-        from sparkbook import signatures
+        from sparkbook.facts import signatures
         worst, claims = json.loads(sys.argv[1]), sys.argv[2]
         took = {}
         for name, unit in worst.items():
@@ -89,7 +89,7 @@ def test_every_pattern_is_quick_on_every_worst_line_at_the_width_it_is_matched_o
     each worst line cut to WIDTH, the most of a line any pattern sees."""
     took, _ = run("""
         import json, sys, time
-        from sparkbook import signatures as s
+        from sparkbook.facts import signatures as s
         patterns = {f"{sig.name}[{i}]": p for sig in s.SIGNATURES for i, p in enumerate(sig.patterns)}
         patterns |= {f"{sig.name} {what}": p for sig in s.SIGNATURES
                      for what, p in (("cleared_by", sig.cleared_by), ("detail", sig.detail)) if p}

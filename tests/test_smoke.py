@@ -9,12 +9,14 @@ import yaml
 from conftest import free_port
 from fake_openai import FakeOpenAI
 
-from sparkbook import endpoint, notebook, smoke
-from sparkbook.errors import CheckFailed
+from sparkbook.params import endpoint
+from sparkbook import notebook
+from sparkbook.smoke import api as smoke
+from sparkbook.book.errors import CheckFailed
 from sparkbook.params import validate
-from sparkbook.smoke_prompts import NO_THINKING, REASONING, THINKING, TOOL, TOOL_PROMPT
+from sparkbook.smoke.prompts import NO_THINKING, REASONING, THINKING, TOOL, TOOL_PROMPT
 from sparkbook.steps import smoke as step
-from sparkbook.verdict import FAIL, PASS, SKIP, WARN, Verdict
+from sparkbook.book.verdict import FAIL, PASS, SKIP, WARN, Verdict
 
 
 def rows(outcome: smoke.SmokeTest) -> dict:

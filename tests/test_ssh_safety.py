@@ -9,11 +9,11 @@ import time
 import pytest
 
 from conftest import free_port
-from sparkbook import hostkeys
+from sparkbook.nodes import hostkeys
 from sparkbook.params import SSH, Node
-from sparkbook.remote import Cluster, drop
-from sparkbook.shell import peer_ssh
-from sparkbook.sshd import SshServer, certify_host, keygen
+from sparkbook.nodes.remote import Cluster, drop
+from sparkbook.nodes.shell import peer_ssh
+from sparkbook.nodes.sshd import SshServer, certify_host, keygen
 
 
 def pubkey(path) -> str:

@@ -17,11 +17,12 @@ import pytest
 import yaml
 
 from conftest import free_port
-from sparkbook import frontpage, status
+from sparkbook.runbook import frontpage
+from sparkbook.record import status
 from sparkbook.cli import main
 from sparkbook.params import load
-from sparkbook.runs.folder import RunFolder
-from sparkbook.verdict import Check, Verdict
+from sparkbook.record.folder import RunFolder
+from sparkbook.book.verdict import Check, Verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"

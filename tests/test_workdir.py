@@ -6,10 +6,10 @@ import stat
 
 import pytest
 
-from sparkbook import workdir
-from sparkbook.errors import CheckFailed
+from sparkbook.nodes import workdir
+from sparkbook.book.errors import CheckFailed
 from sparkbook.params import validate
-from sparkbook.remote import Cluster, ssh_target
+from sparkbook.nodes.remote import Cluster, ssh_target
 
 NOBODY = 65534
 

@@ -14,7 +14,7 @@ shared expert and the router of each layer, and the LM head (read whole for ever
 embedding's one row is left out), at the width its ``quantization_config`` or ``torch_dtype``
 says. Scales, norms and a linear-attention layer's recurrent state are left out, so the estimate
 errs high, the safe side for calling a measurement impossible. The KV bytes per token are
-:func:`sparkbook.memfit.kv_bytes_per_token`'s (one rank's), times the ranks.
+:func:`sparkbook.facts.memfit.kv_bytes_per_token`'s (one rank's), times the ranks.
 
 The verdict (:func:`checks`), per single-user level (concurrency 1): above the ceiling is a
 measurement bug (FAIL), unless speculative decoding runs (several tokens per read of the weights:
@@ -32,10 +32,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import memfit
+from ..book.verdict import FAIL, PASS, SKIP, WARN, Check
+from ..facts import memfit
+from ..nodes.remote import Cluster
 from ..params import Params
-from ..remote import Cluster
-from ..verdict import FAIL, PASS, SKIP, WARN, Check
 from .records import LevelResult, Results
 
 LOW = 0.25  # below this fraction of the ceiling: held back

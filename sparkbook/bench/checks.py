@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..settings import Reference
-from ..verdict import FAIL, PASS, SKIP, WARN, Check
+from ..book.verdict import FAIL, PASS, SKIP, WARN, Check
+from ..params.settings import Reference
 from .records import CLIENT_CPU_LIMIT, LATE_LIMIT_MS, Results
 
 

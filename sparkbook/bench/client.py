@@ -12,10 +12,9 @@ from typing import Any
 
 import aiohttp
 
-from .. import endpoint as served_api
-from ..errors import SparkbookError
+from ..book.errors import SparkbookError
+from ..params import endpoint as served_api
 from .records import PATHS, RequestRecord
-
 
 # The fields of a streamed choice that carry what the model said
 SAID = ("content", "text", "reasoning_content", "reasoning", "tool_calls")

@@ -13,10 +13,10 @@ from contextlib import asynccontextmanager
 from datetime import datetime, timezone
 from typing import Any, AsyncIterator, Awaitable, Callable
 
-from ..settings import Benchmark
-from ..progress import Progress, bar, fraction_of
+from ..book.progress import Progress, bar, fraction_of
+from ..params import profiles
+from ..params.settings import Benchmark
 from .client import Session
-from . import profiles
 from .prompts import Prompts
 from .records import LevelResult, RequestRecord, Results
 
@@ -208,7 +208,7 @@ def run_load(base_url: str, model: str, *, prompt_tokens: int, output_tokens: in
 
     Closed loop with ``concurrency`` when ``request_rate`` is None; otherwise Poisson arrivals at
     ``request_rate`` per second, at most ``concurrency`` in flight (None: unbounded).
-    ``progress`` shows a live line per level (:mod:`sparkbook.progress`) that ends as the level's
+    ``progress`` shows a live line per level (:mod:`sparkbook.book.progress`) that ends as the level's
     summary; without it the summary goes to ``say``. ``on_request`` is called in the client's
     loop with each finished request; ``prompt_salt``
     (default: now) varies the prompts between runs of the same seed (see :mod:`sparkbook.bench`)."""

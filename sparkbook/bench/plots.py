@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..settings import Reference
+from ..params.settings import Reference
 from .records import FOLDER, LevelResult, RequestRecord, Results
 
 Metric = Callable[[LevelResult], float | None]

@@ -46,10 +46,10 @@ from typing import Any, Sequence, TypedDict
 
 import numpy as np
 
-from ..redact import mask
-from ..samples import high
-from ..step import Outcome
-from ..tables import Table
+from ..book.redact import mask
+from ..book.samples import high
+from ..book.step import Outcome
+from ..book.tables import Table
 
 FOLDER = "benchmark"
 CSV = "levels.csv"

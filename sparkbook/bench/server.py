@@ -34,10 +34,9 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from .. import endpoint
-from ..params import Params
-from ..parsers import parse_nvidia_smi_csv
-from ..tables import Table
+from ..book.tables import Table
+from ..facts.parsers import parse_nvidia_smi_csv
+from ..params import Params, endpoint
 from .records import FOLDER, Results
 
 CSV, META, FIGURE = "server_metrics.csv", "server_metrics.json", "server"
@@ -90,7 +89,7 @@ GpuReader = Callable[[], "tuple[dict[str, float], bool, dict[str, str]]"]
 
 def gpu_reader(cluster: Callable[[], Any], nodes: Sequence[str]) -> GpuReader:
     """Per call, one ``nvidia-smi`` query on all ``nodes`` at once through ``cluster()`` (a
-    :class:`sparkbook.remote.Cluster`, opened at the first call); raises when no node answers."""
+    :class:`sparkbook.nodes.remote.Cluster`, opened at the first call); raises when no node answers."""
     cmd = ["nvidia-smi", f"--query-gpu={','.join(GPU_QUERY)}", "--format=csv,noheader,nounits"]
 
     def read() -> tuple[dict[str, float], bool, dict[str, str]]:

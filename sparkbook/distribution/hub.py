@@ -4,7 +4,7 @@ copies it to the workers.
 ``scripts/hub_download.py`` runs on the head, in a throwaway container of the serving image (which
 has ``huggingface_hub``) as the SSH user, so the files belong to that user, not to root; with
 ``runtime.kind: venv``, with the venv's python. The token travels in a mode-600 file in the head's
-private working folder (:mod:`sparkbook.workdir`; ``--env-file``, removed right after), never on a
+private working folder (:mod:`sparkbook.nodes.workdir`; ``--env-file``, removed right after), never on a
 command line; ``HF_ENDPOINT`` of this machine's environment (a mirror, or the lab's local hub) is
 passed on. The download resumes where a previous run stopped and fetches nothing that is already
 there (see the script).
@@ -18,19 +18,19 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from ..errors import CheckFailed
+from ..book.errors import CheckFailed
+from ..book.progress import Progress, bar, fraction_of
+from ..book.redact import mask
+from ..book.tables import human_bytes
+from ..book.verdict import FAIL, PASS, SKIP, Check
+from ..nodes.remote import Cluster
+from ..nodes.shell import SCRIPTS, command_line, sh
+from ..nodes.workdir import prepare as prepare_workdir
 from ..params import Params
-from ..progress import Progress, bar, fraction_of
-from ..redact import mask
-from ..remote import Cluster
 from ..scripts.hub_download import parse_line
 from ..serving.commands import secrets_path, token
 from ..serving.containers import deployment_label, hf_env, named, owner_label, secrets_file, with_entrypoint
 from ..serving.state import remove
-from ..shell import SCRIPTS, command_line, sh
-from ..tables import human_bytes
-from ..verdict import FAIL, PASS, SKIP, Check
-from ..workdir import prepare as prepare_workdir
 from .lines import Lines
 
 SCRIPT = SCRIPTS / "hub_download.py"

@@ -9,7 +9,7 @@ script for why ``docker load`` accepts that), so a new nightly that shares its b
 new layers. Or, for nodes that can reach a registry, ``docker pull`` on every node. A worker that
 takes no data for :data:`~.lines.STALL_S` (SSH between nodes with keepalives) fails by name and
 holds no other back. The scripts live in each node's private working folder
-(:mod:`sparkbook.workdir`).
+(:mod:`sparkbook.nodes.workdir`).
 
 :func:`distribute_image` never raises for one node's failure (:func:`image_checks` fails on it);
 :func:`ensure_image` is the form for steps that need the image before their work. What a copy
@@ -24,17 +24,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..errors import CheckFailed
+from ..book.errors import CheckFailed
+from ..book.progress import Progress, bar, fraction_of
+from ..book.tables import Table, human_bytes, short_id
+from ..book.verdict import FAIL, PASS, WARN, Check, Verdict
+from ..facts.parsers import parse_sections
+from ..nodes.remote import Cluster
+from ..nodes.shell import SCRIPTS, Script, peer_ssh, script
+from ..nodes.workdir import prepare, workdir
 from ..params import Node, Params
-from ..parsers import parse_sections
-from ..progress import Progress, bar, fraction_of
-from ..remote import Cluster
+from ..params.settings import relay_plan
 from ..scripts.layerstore import chain_ids
-from ..settings import relay_plan
-from ..shell import SCRIPTS, Script, peer_ssh, script
-from ..tables import Table, human_bytes, short_id
-from ..verdict import FAIL, PASS, WARN, Check, Verdict
-from ..workdir import prepare, workdir
 from .identity import INSPECT_FORMAT, ImageIdentity, parse, same_image
 from .lines import STALL_S, Lines, number
 from .outcome import ImageOutcome, Probe, StreamEnd, Transfer

@@ -1,7 +1,7 @@
 """The head's model on every node, sending only the files that differ, deleting nothing that
 sparkbook did not put there.
 
-The manifest preflight reads (:mod:`sparkbook.manifest`, which leaves out ``.cache/huggingface``,
+The manifest preflight reads (:mod:`sparkbook.facts.manifest`, which leaves out ``.cache/huggingface``,
 a download's bookkeeping, and the sync's partial files: never compared, copied or deleted) on every
 node; where a worker's differs from the head's, ``scripts/model_sync.sh`` on the head runs rsync
 over the fabric to every such worker at once, sending the differing files only (resumable: partial
@@ -20,15 +20,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from ..manifest import (PARTIAL_DIR, Manifest, describe_differences, manifest_differences, manifest_script,
-                        parse_manifest, split_extras)
+from ..book.progress import Progress
+from ..book.tables import Table, human_bytes
+from ..book.verdict import FAIL, PASS, WARN, Check
+from ..facts.manifest import (PARTIAL_DIR, Manifest, describe_differences, manifest_differences,
+                              manifest_script, parse_manifest, split_extras)
+from ..nodes.remote import Cluster
+from ..nodes.shell import Script, command_line, peer_ssh, script
 from ..params import Node, Params
-from ..progress import Progress
-from ..remote import Cluster
-from ..settings import relay_plan
-from ..shell import Script, command_line, peer_ssh, script
-from ..tables import Table, human_bytes
-from ..verdict import FAIL, PASS, WARN, Check
+from ..params.settings import relay_plan
 from .lines import STALL_S, Lines, number
 
 SHOWN_FILES = 3  # files named in a check's command; the count of the others follows

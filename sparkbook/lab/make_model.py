@@ -3,7 +3,7 @@ template (system prompt, tools, tool calls and responses, <think> blocks), train
 answers the smoke test for real.
 
 Runs inside the lab image (torch, transformers and tokenizers come with vLLM), with
-``smoke_prompts.py`` beside it (in the repository it lies one folder up, in sparkbook/):
+``prompts.py`` beside it (in the repository it is sparkbook/smoke/prompts.py):
     python make_model.py OUT_DIR
 Small enough to load and serve in seconds on two CPU cores, shaped so that tensor parallel 2 splits
 it evenly (4 attention heads, 2 KV heads, head_dim 64: CPU attention rejects head_dim 16).
@@ -35,9 +35,9 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-if not (HERE / "smoke_prompts.py").exists():  # in the repository, not in the lab image
-    sys.path.insert(0, str(HERE.parent))
-import smoke_prompts  # noqa: E402
+if not (HERE / "prompts.py").exists():  # in the repository (sparkbook/smoke/), not in the lab image
+    sys.path.insert(0, str(HERE.parent / "smoke"))
+import prompts as smoke_prompts  # noqa: E402
 
 SEED = 20261129
 STEPS = 400  # at most; training stops once every answer token of the smoke exchanges is certain

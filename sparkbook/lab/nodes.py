@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from ..errors import SparkbookError
+from ..book.errors import SparkbookError
 from ..params import project_root
 
 LAB_HOME = Path(os.environ.get("SPARKBOOK_LAB_HOME", "~/.cache/sparkbook/lab")).expanduser()

@@ -7,11 +7,11 @@ from __future__ import annotations
 import os
 from typing import Iterator
 
+from ..book.tables import short_id
+from ..book.verdict import FAIL, PASS, SKIP, WARN, Check, run_step
 from ..distribution.identity import ImageIdentity, same_image
-from ..manifest import describe_differences, manifest_differences, split_extras
+from ..facts.manifest import describe_differences, manifest_differences, split_extras
 from ..params import Params
-from ..tables import short_id
-from ..verdict import FAIL, PASS, SKIP, WARN, Check, run_step
 from .collect import Preflight
 
 

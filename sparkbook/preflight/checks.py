@@ -4,9 +4,9 @@ other; one row per check, node and thing checked."""
 
 from __future__ import annotations
 
-from .. import memfit
+from ..book.verdict import Check
+from ..facts import memfit
 from ..params import Params
-from ..verdict import Check
 from . import artifacts, fabric, host, nodes, reach
 from .collect import Preflight
 

@@ -8,17 +8,17 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypedDict
 
-from .. import inventory, memfit
+from ..book.step import Outcome
 from ..distribution import identity
-from ..inventory import NodeFacts, NodeRow
-from ..manifest import Manifest, manifest_script, parse_manifest
+from ..facts import inventory, memfit
+from ..facts.inventory import NodeFacts, NodeRow
+from ..facts.manifest import Manifest, manifest_script, parse_manifest
+from ..facts.parsers import (Fec, Gid, IbDevice, LinkSpeed, RailMap, SmiTable, parse_ethtool,
+                             parse_fec_sections, parse_ibdev2netdev, parse_ibstat, parse_ibv_devinfo,
+                             parse_nvidia_smi_table, parse_sections, parse_show_gids)
+from ..nodes.remote import Cluster
+from ..nodes.shell import PEER_SSH, Bundle, bundle, script
 from ..params import Node, Params
-from ..parsers import (IbDevice, LinkSpeed, RailMap, SmiTable, parse_ethtool, parse_ibdev2netdev,
-                       parse_ibstat, parse_ibv_devinfo, parse_nvidia_smi_table, parse_sections)
-from ..parsers import Fec, Gid, parse_fec_sections, parse_show_gids
-from ..remote import Cluster
-from ..shell import PEER_SSH, Bundle, bundle, script
-from ..step import Outcome
 from . import tcp
 from .host_state import HostState, parse_host_state
 from .layout import RING, classify

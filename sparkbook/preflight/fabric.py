@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Iterator, NamedTuple
 
+from ..book.verdict import FAIL, PASS, SKIP, WARN, Check
+from ..facts.parsers import NO_FEC, Gid
 from ..params import Node, Params, Rail
-from ..parsers import NO_FEC, Gid
 from ..serving.containers import nccl_gid_index
-from ..verdict import FAIL, PASS, SKIP, WARN, Check
 from .collect import NodeReport, Preflight
 from .layout import MIXED, RING, classify
 

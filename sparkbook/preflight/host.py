@@ -12,8 +12,8 @@ from typing import Iterator
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from ..book.verdict import FAIL, PASS, SKIP, WARN, Check
 from ..params import Node, Params
-from ..verdict import FAIL, PASS, SKIP, WARN, Check
 from .collect import NodeReport, Preflight
 
 # Clock event reasons that hold a GPU's clocks down, with the verdict and the remedy. Every other

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import TypedDict
 
-from ..parsers import parse_meminfo
+from ..facts.parsers import parse_meminfo
 
 
 class GpuClocks(TypedDict):

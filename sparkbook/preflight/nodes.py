@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from ..book.verdict import FAIL, PASS, SKIP, WARN, Check, run_step
+from ..facts.parsers import listener
 from ..params import Params
-from ..parsers import listener
 from ..serving.commands import container_name
-from ..verdict import FAIL, PASS, SKIP, WARN, Check, run_step
 from .collect import CLOCK_READS, Preflight
 
 SKEW_WARN_S, SKEW_FAIL_S = 0.5, 2.0

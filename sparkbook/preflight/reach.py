@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from ..book.verdict import FAIL, PASS, SKIP, WARN, Check
 from ..params import Node, Params
-from ..verdict import FAIL, PASS, SKIP, WARN, Check
 from .collect import Preflight
 from .tcp import SEEN, TIMEOUT_S, Probe, serving_ports, shared
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 from typing import TypedDict
 
-from ..collectives import master
+from ..collectives.sweep import master
+from ..nodes.remote import Cluster, Result
+from ..nodes.shell import SCRIPTS
 from ..params import Node, Params
-from ..remote import Cluster, Result
-from ..shell import SCRIPTS
 
 SCRIPT = SCRIPTS / "tcp_ports.py"
 TIMEOUT_S = 2.0  # a SYN unanswered this long was dropped

@@ -41,7 +41,7 @@ no_secrets() {
 }
 
 # What logs, images and processes say, as a section's lines: a line that starts with two or more
-# "@" and a space gets one more "@" (bugreport.py takes it off), so that none reads as a header
+# "@" and a space gets one more "@" (record/bugreport.py takes it off), so that none reads as a header
 # ("@@ NAME") a log could forge; first, every line break that Python's splitlines knows (CR, VT, FF,
 # FS, GS, RS, NEL, LS, PS) becomes a newline, or a line's rest after one would escape the check.
 fenced() {

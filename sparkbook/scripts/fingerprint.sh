@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What a run's fingerprint needs from this node (sparkbook.fingerprint; host_state.sh gives the GPU
+# What a run's fingerprint needs from this node (sparkbook.record.fingerprint; host_state.sh gives the GPU
 # driver and the rails' firmware, model_manifest.sh the model's files), in sections "@@ NAME":
 #   kernel            `uname -r`
 #   image identity    IMAGE as `docker image inspect --format FORMAT` prints it, or "absent"

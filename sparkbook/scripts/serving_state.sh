@@ -8,7 +8,7 @@
 #                  JSON object (nothing when it is absent)
 #   @@ listeners   `ss -ltnp` without its header
 # Usage: serving_state.sh LABEL FINGERPRINT_LABEL IMAGE FORMAT
-#   e.g. serving_state.sh sparkbook=lab sparkbook.fingerprint sparkbook-lab/vllm-cpu:latest '{{json .}}'
+#   e.g. serving_state.sh sparkbook=lab sparkbook.record.fingerprint sparkbook-lab/vllm-cpu:latest '{{json .}}'
 set -euo pipefail
 label=$1 fingerprint=$2 image=$3 format=$4
 # Docker failing here reads as no container and no image, which the checks that follow name.

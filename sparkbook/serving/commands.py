@@ -16,15 +16,15 @@ import json
 import os
 import socket
 
-from .. import workdir
+from ..book.redact import mask
+from ..book.tables import Table
+from ..nodes import workdir
+from ..nodes.remote import ssh_target
+from ..nodes.shell import command_line
 from ..params import Node, Params, secrets_written
-from ..redact import mask
-from ..remote import ssh_target
-from ..shell import command_line
-from ..tables import Table
 from .containers import docker_run, fabric_env, hf_env, named
 
-FINGERPRINT = "sparkbook.fingerprint"   # the label holding a container's fingerprint
+FINGERPRINT = "sparkbook.record.fingerprint"   # the label holding a container's fingerprint
 # vllm serve's processes in the Ray container; the brackets keep a process whose own command line
 # holds the pattern (a shell running pkill, a script given it as an argument) from matching itself
 SERVE_PATTERN = "[v]llm serve"

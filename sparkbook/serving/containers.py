@@ -14,9 +14,9 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Callable, Iterator, Mapping, Sequence
 
-from .. import workdir
+from ..nodes import workdir
+from ..nodes.remote import Cluster
 from ..params import Node, Params
-from ..remote import Cluster
 
 
 def fabric_env(params: Params, node: Node) -> dict[str, str]:
@@ -110,7 +110,7 @@ def secrets_file(cluster: Cluster, nodes: list[Node], path: str | Callable[[Node
     """``values`` (secrets: tokens, keys) as a ``docker run/exec --env-file`` on ``nodes`` at
     ``path`` (or ``path(node)``): mode 600 from its first byte, never on a command line, removed
     when the block ends, whatever happens; None when there is nothing to write. Raises
-    :class:`~sparkbook.errors.CheckFailed` naming the nodes where it cannot be written."""
+    :class:`~sparkbook.book.errors.CheckFailed` naming the nodes where it cannot be written."""
     if not values:
         yield None
         return

@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from .. import workdir
-from ..errors import CheckFailed
+from ..book.errors import CheckFailed
+from ..book.progress import Progress
+from ..book.step import Outcome
+from ..book.verdict import Check
+from ..nodes import workdir
+from ..nodes.remote import Cluster
+from ..nodes.shell import script
 from ..params import Params
-from ..progress import Progress
-from ..remote import Cluster
-from ..shell import script
-from ..step import Outcome
-from ..verdict import Check
 from .commands import (ENGINE_PATTERN, SERVE_FP, SERVE_PATTERN, api_key, fingerprint, ray_container,
                        ray_serve_command, secrets, secrets_path, serving_container, watched_nodes)
 from .containers import secrets_file
@@ -120,7 +120,7 @@ def serve(params: Params, cluster: Cluster, run_dir: Path, say: Callable[[str], 
 def require_key(params: Params) -> None:
     """The variable ``serving.api_key_env`` names holds a key (validation refuses ``--api-key`` in
     ``serving.extra_args``: the key comes from there and nowhere else). Raises
-    :class:`~sparkbook.errors.CheckFailed` before anything starts."""
+    :class:`~sparkbook.book.errors.CheckFailed` before anything starts."""
     name = params.serving.api_key_env
     if name and not api_key(params):
         raise CheckFailed(f"serving.api_key_env names {name}, which is not set (or empty) on this "

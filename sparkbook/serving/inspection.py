@@ -10,14 +10,14 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .. import workdir
+from ..book.redact import mask
+from ..book.tables import Table, short_id
+from ..book.verdict import FAIL, PASS, WARN, Check
 from ..distribution.identity import INSPECT_FORMAT, ImageIdentity, parse, same_image
+from ..nodes import workdir
+from ..nodes.remote import Cluster
+from ..nodes.shell import SCRIPTS
 from ..params import Params
-from ..redact import mask
-from ..remote import Cluster
-from ..shell import SCRIPTS
-from ..tables import Table, short_id
-from ..verdict import FAIL, PASS, WARN, Check
 from .commands import serve_args, shown
 from .containers import docker_run, named
 from .state import replace

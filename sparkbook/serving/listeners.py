@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..book.tables import Table
+from ..book.verdict import FAIL, PASS, SKIP, WARN, Check, run_step
+from ..nodes.remote import Cluster
+from ..nodes.shell import script
 from ..params import Params
-from ..remote import Cluster
-from ..shell import script
-from ..tables import Table
-from ..verdict import FAIL, PASS, SKIP, WARN, Check, run_step
 from .commands import api_bind, beyond_loopback, held_secrets, wildcard
 from .containers import deployment_label
 

@@ -1,6 +1,6 @@
 """Node logs and the failures they name: every node's container logs collected into the run
 folder (``logs/<node>/``) before anything is removed, and one table of known failure signatures in
-vLLM, NCCL and Ray logs (sparkbook.signatures), matched to name a cause and its remedy (05, and
+vLLM, NCCL and Ray logs (sparkbook.facts.signatures), matched to name a cause and its remedy (05, and
 08 keeps the logs)."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import signatures
-from ..logread import file_lines
+from ..book.redact import mask
+from ..facts import signatures
+from ..facts.logread import file_lines
+from ..facts.parsers import parse_sections
+from ..nodes.remote import Cluster
+from ..nodes.shell import script
 from ..params import Params
-from ..parsers import parse_sections
-from ..redact import mask
-from ..remote import Cluster
-from ..shell import script
 from .commands import container_name, ray_container, serve_log
 
 

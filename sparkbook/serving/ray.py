@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TypedDict
 
-from ..errors import CheckFailed
+from ..book.errors import CheckFailed
+from ..book.progress import Progress, fraction_of
+from ..book.step import Outcome
+from ..facts.parsers import parse_sections
+from ..nodes.remote import Cluster
+from ..nodes.shell import script
 from ..params import Params
-from ..parsers import parse_sections
-from ..progress import Progress, fraction_of
-from ..remote import Cluster
-from ..shell import script
-from ..step import Outcome
 from .commands import fingerprint, ray_container
 from .listeners import Listener, read_listeners
 from .logs import collect_logs

@@ -14,11 +14,11 @@ import re
 import time
 from dataclasses import dataclass, field
 
+from ..facts.parsers import parse_sections
+from ..facts.signatures import ray_address
+from ..nodes.remote import Cluster
+from ..nodes.shell import script
 from ..params import Params
-from ..parsers import parse_sections
-from ..remote import Cluster
-from ..shell import script
-from ..signatures import ray_address
 from .commands import SERVE_PATTERN, serve_log, serving_container
 
 TAIL_LINES = 40

@@ -7,15 +7,16 @@ import secrets as random_secrets
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .. import redact, workdir
+from ..book import redact
+from ..book.errors import CheckFailed
+from ..book.tables import short_id
+from ..book.verdict import FAIL, Check
 from ..distribution.identity import INSPECT_FORMAT, ImageIdentity, parse, same_image
-from ..errors import CheckFailed
+from ..facts.parsers import listener, parse_sections
+from ..nodes import workdir
+from ..nodes.remote import Cluster
+from ..nodes.shell import Script, command_line, script
 from ..params import Node, Params
-from ..parsers import listener, parse_sections
-from ..remote import Cluster
-from ..shell import Script, command_line, script
-from ..tables import short_id
-from ..verdict import FAIL, Check
 from .commands import FINGERPRINT, container_command, container_name, groups, secrets, secrets_path
 from .containers import deployment_label, owner_label, secrets_file
 

@@ -8,10 +8,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..book.step import Outcome
+from ..facts.parsers import listener
+from ..nodes.remote import Cluster
 from ..params import Params
-from ..parsers import listener
-from ..remote import Cluster
-from ..step import Outcome
 from .commands import secrets_path
 from .logs import collect_logs
 from .state import NodeState, node_states, remove

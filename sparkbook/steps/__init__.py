@@ -1,1 +1,1 @@
-"""One module per notebook, each with the face of :mod:`sparkbook.step`."""
+"""One module per notebook, each with the face of :mod:`sparkbook.book.step`."""

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .. import fingerprint
-from ..bench import ceiling, checks as bench_checks
-from ..bench import load, plots as bench_plots, records, server as bench_server
+from ..bench import (ceiling, checks as bench_checks, load, plots as bench_plots, records,
+                     server as bench_server)
 from ..bench.records import Results
+from ..book.tables import Table
+from ..book.verdict import Check
 from ..params import Params
+from ..record import fingerprint
 from ..serving.commands import api_key
-from ..tables import Table
-from ..verdict import Check
 
 if TYPE_CHECKING:
     from ..notebook import Context

@@ -1,6 +1,6 @@
 """02_collectives: the serving image on every node (copied from the head where a worker lacks it,
 and recorded), then the all-reduce sweeps inside it, small messages and bandwidth
-(:mod:`sparkbook.collectives`)."""
+(:mod:`sparkbook.collectives.sweep`)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .. import collectives, nccltests
+from ..book.step import Outcome
+from ..book.tables import Table, human_bytes
+from ..book.verdict import SKIP, Check, run_step
+from ..collectives import nccltests, sweep as collectives
 from ..distribution.image import ImageOutcome, copy_checks, distribute_image, transfers_summary
 from ..params import Params
-from ..step import Outcome
-from ..tables import Table, human_bytes
-from ..verdict import SKIP, Check, run_step
 
 if TYPE_CHECKING:
     from ..notebook import Context

@@ -8,14 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..distribution.image import (ImageOutcome, Survey, distribute_image, image_checks, image_table,
-                                  survey, survey_table, transfers_summary)
+from ..book.step import Outcome
+from ..book.tables import Table
+from ..book.verdict import Check
 from ..distribution.hub import HubOutcome, fetch_model, hub_checks
+from ..distribution.image import (ImageOutcome, Survey, distribute_image, image_checks, image_table, survey,
+                                  survey_table, transfers_summary)
 from ..distribution.model import ModelOutcome, model_checks, model_table, sync_model
 from ..params import Params
-from ..step import Outcome
-from ..tables import Table
-from ..verdict import Check
 
 if TYPE_CHECKING:
     from ..notebook import Context

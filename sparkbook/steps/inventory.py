@@ -1,15 +1,15 @@
-"""00 · Inventory: the facts of every node (:mod:`sparkbook.inventory`), in one round trip per
+"""00 · Inventory: the facts of every node (:mod:`sparkbook.facts.inventory`), in one round trip per
 node; kept as ``inventory.json`` and ``inventory.csv``. An unreachable node fails the step."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .. import inventory
-from ..inventory import Inventory
+from ..book.tables import Table
+from ..book.verdict import Check
+from ..facts import inventory
+from ..facts.inventory import Inventory
 from ..params import Params
-from ..tables import Table
-from ..verdict import Check
 
 if TYPE_CHECKING:
     from ..notebook import Context

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .. import inventory, preflight
+from .. import preflight
+from ..book.tables import Table
+from ..book.verdict import Check
+from ..facts import inventory
 from ..params import Params
 from ..preflight import Preflight
-from ..tables import Table
-from ..verdict import Check
 
 if TYPE_CHECKING:
     from ..notebook import Context

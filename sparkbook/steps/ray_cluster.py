@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..book.tables import Table
+from ..book.verdict import FAIL, PASS, WARN, Check
 from ..params import Params
 from ..serving import listeners
 from ..serving.commands import ray_container
 from ..serving.ray import RayCluster, form_ray_cluster
-from ..tables import Table
-from ..verdict import FAIL, PASS, WARN, Check
 
 if TYPE_CHECKING:
     from ..notebook import Context

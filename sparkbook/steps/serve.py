@@ -1,23 +1,23 @@
 """05_serve: vLLM across the nodes, ready at the OpenAI-compatible endpoint with the expected
 model; otherwise the cause per node, from its logs. The image checks come first, as a gate
 (:func:`sparkbook.serving.image_checks`); then, before anything launches, the memory fit of every
-serving node (:mod:`sparkbook.memfit`, after dropping the page cache where
+serving node (:mod:`sparkbook.facts.memfit`, after dropping the page cache where
 ``serving.drop_page_cache`` asks): DOES NOT FIT ends the step there, with the numbers."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .. import memfit
+from ..book.tables import Table
+from ..book.verdict import FAIL, PASS, WARN, Check
+from ..facts import memfit
+from ..nodes.shell import command_line
 from ..params import Params
 from ..serving import listeners
 from ..serving.commands import api_bind, api_key, beyond_loopback, ray_container, serving_container
 from ..serving.deploy import Deployment, serve, vllm_running
 from ..serving.inspection import CACHE
 from ..serving.state import node_states
-from ..shell import command_line
-from ..tables import Table
-from ..verdict import FAIL, PASS, WARN, Check
 
 if TYPE_CHECKING:
     from ..notebook import Context
@@ -27,7 +27,7 @@ TITLE = "05 vLLM serving"
 
 
 def run(ctx: Context) -> Deployment:
-    """Gate on the memory fit (:func:`sparkbook.memfit.gate`, as the image's vLLM, inspected above,
+    """Gate on the memory fit (:func:`sparkbook.facts.memfit.gate`, as the image's vLLM, inspected above,
     checks memory at start), then start vLLM (or keep it, when it is healthy and unchanged) and
     wait until it answers. Nodes whose state cannot be read are left to :func:`serve`, which names
     them."""

@@ -1,20 +1,21 @@
 """06 · Smoke test: does the served OpenAI-compatible API do what clients rely on?
-(:mod:`sparkbook.smoke`: one request per check, looking at the structure of the answers.) Then the
-burn-in (:mod:`sparkbook.burnin`) and the known answers (:mod:`sparkbook.known_answers`), each a
+(:mod:`sparkbook.smoke.api`: one request per check, looking at the structure of the answers.) Then the
+burn-in (:mod:`sparkbook.smoke.burnin`) and the known answers (:mod:`sparkbook.smoke.known_answers`), each a
 cell of its own whose checks join the smoke test's verdict."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .. import burnin, fingerprint, known_answers as known, smoke
-from ..burnin import BurnIn
-from ..known_answers import KnownAnswers
+from ..book.tables import Table
+from ..book.verdict import COLOURS, Check
 from ..params import Params
+from ..record import fingerprint
 from ..serving.commands import api_key
-from ..smoke import SmokeTest
-from ..tables import Table
-from ..verdict import COLOURS, Check
+from ..smoke import api as smoke, burnin, known_answers as known
+from ..smoke.api import SmokeTest
+from ..smoke.burnin import BurnIn
+from ..smoke.known_answers import KnownAnswers
 
 if TYPE_CHECKING:
     from ..notebook import Context
@@ -26,7 +27,7 @@ TITLE = "06 smoke test"
 def run(ctx: Context, **kw: Any) -> SmokeTest:
     """Every smoke check against ``params.endpoint``, with the serving parameters' reasoning and
     tool-call parsers and the API key of ``serving.api_key_env`` (``kw``: the options of
-    :func:`sparkbook.smoke.run`, e.g. ``timeout``, or ``reasoning_budget`` for a model that thinks
+    :func:`sparkbook.smoke.api.run`, e.g. ``timeout``, or ``reasoning_budget`` for a model that thinks
     at length). The burn-in and known answers this context already holds (a re-run cell) stay
     with the new outcome, their checks in its verdict."""
     fingerprint.ensure(ctx)
@@ -39,7 +40,7 @@ def run(ctx: Context, **kw: Any) -> SmokeTest:
 
 
 def burn_in(ctx: Context, outcome: SmokeTest, **kw: Any) -> BurnIn:
-    """The burn-in with ``params.smoke`` (``kw``: :func:`sparkbook.burnin.run`'s options), kept in
+    """The burn-in with ``params.smoke`` (``kw``: :func:`sparkbook.smoke.burnin.run`'s options), kept in
     the run folder and in ``outcome``, whose verdict it joins."""
     p = ctx.params
     outcome.burn_in = ctx.record(burnin.run(p.endpoint, p.served_model, p.smoke, api_key=api_key(p) or "EMPTY", **kw))

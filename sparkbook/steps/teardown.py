@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..book.tables import Table
+from ..book.verdict import FAIL, PASS, Check
 from ..params import Params
 from ..serving.containers import deployment_label
 from ..serving.teardown import Teardown, teardown
-from ..tables import Table
-from ..verdict import FAIL, PASS, Check
 
 if TYPE_CHECKING:
     from ..notebook import Context
