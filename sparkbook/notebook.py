@@ -31,12 +31,13 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Mapping, MutableMapping
 
+from .book.project import project_root
 from .book.redact import mask
 from .book.step import Outcome, Step
 from .book.verdict import Check, Verdict
 from .nodes import lock
 from .nodes.remote import Cluster
-from .params import FIELDS, Params, default_params_file, project_root, read, validate
+from .params import FIELDS, Params, default_params_file, read, validate
 from .version import __version__
 
 

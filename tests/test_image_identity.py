@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import pytest
 
 from sparkbook.distribution import image
-from sparkbook.distribution.identity import INSPECT_FORMAT, SAME_CONTENT, ImageIdentity, parse, same_image
+from sparkbook.facts.identity import INSPECT_FORMAT, SAME_CONTENT, ImageIdentity, parse, same_image
 from sparkbook.distribution.image import ImageOutcome, NodeImage, Survey, Transfer, distribute_image, image_checks
 from sparkbook.book.errors import CheckFailed
 from sparkbook.lab.lab import docker

@@ -15,7 +15,7 @@ from jupytext.cli import jupytext as jupytext_cli
 from papermill.iorw import load_notebook_node
 from papermill.parameterize import parameterize_notebook
 
-from sparkbook.runbook.runner import discover
+from sparkbook.book.project import discover
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"

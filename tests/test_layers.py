@@ -14,13 +14,25 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports() -> dict[str, set[str]]:
-    """Every sparkbook module and the sparkbook modules it imports (at any depth of its code)."""
+def type_only(tree: ast.Module) -> set[ast.AST]:
+    """The import statements under ``if TYPE_CHECKING:``: names for annotations, never run."""
+    return {n for block in ast.walk(tree) if isinstance(block, ast.If)
+            and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING"
+            for stmt in block.body for n in ast.walk(stmt)}
+
+
+def imports(runtime: bool = False) -> dict[str, set[str]]:
+    """Every sparkbook module and the sparkbook modules it imports (at any depth of its code;
+    ``runtime``: without the imports only type checkers read)."""
     modules = {module_name(p): p for p in PKG.rglob("*.py")}
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for mod, path in modules.items():
         package = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        skip = type_only(tree) if runtime else set()
+        for node in ast.walk(tree):
+            if node in skip:
+                continue
             targets = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
@@ -29,7 +41,10 @@ def imports() -> dict[str, set[str]]:
                 if node.level:
                     anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join(anchor + ([base] if base else []))
-                targets = [base] + [f"{base}.{a.name}" for a in node.names]
+                subs = [f"{base}.{a.name}" for a in node.names]
+                # ``from PKG import module`` imports the module (and runs PKG's __init__, which
+                # is PKG's own); only names defined in PKG are an arrow to it
+                targets = subs + ([base] if any(s not in modules for s in subs) else [])
             for t in targets:
                 if t in modules and t != mod:
                     graph[mod].add(t)
@@ -104,3 +119,49 @@ def test_the_top_level_holds_only_the_doors():
     folders = {p.name for p in PKG.iterdir() if p.is_dir() and p.name != "__pycache__"}
     readme = (PKG.parent / "README.md").read_text()
     assert not [f for f in folders if f"  {f}/" not in readme], "a folder missing from README's Layout"
+
+
+# The folders of sparkbook/, lowest first: each imports only from its own layer or below (at run
+# time; annotations may name a higher layer's types). The work folders of one layer do not import
+# each other, except what is served (serving/) and the benchmark's client (below).
+LAYERS = [{"version", "scripts"}, {"book"}, {"params"}, {"nodes"}, {"facts"},
+          {"collectives", "distribution", "preflight", "serving", "smoke", "bench"},
+          {"lab"}, {"notebook"}, {"record"}, {"runbook"}, {"steps"}, {"cli", "__init__"}]
+WORK = LAYERS[5]
+BENCH_CLIENT = {"sparkbook.bench.client", "sparkbook.bench.load", "sparkbook.bench.prompts",
+                "sparkbook.bench.records"}  # requests sent, timed and recorded: 06's soak sends them too
+
+
+def folder(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def test_every_folder_has_a_layer():
+    layered = set().union(*LAYERS)
+    assert {folder(m) for m in imports()} <= layered, {folder(m) for m in imports()} - layered
+
+
+def test_folders_import_only_their_own_layer_or_below():
+    rank = {f: i for i, layer in enumerate(LAYERS) for f in layer}
+    up = sorted(f"{m} -> {t}" for m, ts in imports(runtime=True).items() for t in ts
+                if rank[folder(t)] > rank[folder(m)])
+    assert not up, "imports that climb a layer:\n" + "\n".join(up)
+
+
+def test_work_folders_import_each_other_only_for_what_is_served_and_the_bench_client():
+    across = sorted(f"{m} -> {t}" for m, ts in imports(runtime=True).items() for t in ts
+                    if folder(m) in WORK and folder(t) in WORK and folder(m) != folder(t)
+                    and folder(t) != "serving" and t not in BENCH_CLIENT)
+    assert not across, "work folders importing each other:\n" + "\n".join(across)
+
+
+def test_the_layer_rules_see_a_climbing_import():
+    """The rules above read the code as it is: a planted back-up arrow is one."""
+    graph = imports(runtime=True)
+    rank = {f: i for i, layer in enumerate(LAYERS) for f in layer}
+    graph["sparkbook.book.verdict"].add("sparkbook.steps.serve")
+    assert [m for m, ts in graph.items() for t in ts if rank[folder(t)] > rank[folder(m)]] == [
+        "sparkbook.book.verdict"]
+    code = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..params import Params\nimport os\n"
+    assert [type(n).__name__ for n in type_only(ast.parse(code)) if isinstance(n, ast.ImportFrom)] == ["ImportFrom"]

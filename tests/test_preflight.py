@@ -15,7 +15,7 @@ import sparkbook as sb
 from conftest import field_sample
 from sparkbook import preflight
 from sparkbook.cli import main
-from sparkbook.distribution.identity import INSPECT_FORMAT
+from sparkbook.facts.identity import INSPECT_FORMAT
 from sparkbook.lab import faults
 from sparkbook.params import validate
 from sparkbook.preflight import tcp

@@ -17,7 +17,7 @@ import yaml
 
 
 from conftest import field_sample
-from sparkbook.distribution.identity import INSPECT_FORMAT
+from sparkbook.facts.identity import INSPECT_FORMAT
 from sparkbook.params import ParamsError, load, validate
 from sparkbook.facts.parsers import parse_sections
 from sparkbook.book.redact import MASK

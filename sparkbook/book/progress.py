@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 
-from ..facts.signatures import CONTROL
+from .redact import CONTROL
 from .tables import human_bytes
 
 # A row of the widget changes at most this often: a copy's rsync says something many times a second.
@@ -27,7 +27,7 @@ LIVE_S = 0.5
 def printable(line: str) -> str:
     """``line`` (a node wrote it) without terminal control sequences, so that it cannot drive the
     operator's terminal: CSI colours and cursor moves, OSC titles and clipboard writes and the like
-    (:data:`sparkbook.facts.signatures.CONTROL`); a newline or carriage return becomes a space."""
+    (:data:`sparkbook.book.redact.CONTROL`); a newline or carriage return becomes a space."""
     return CONTROL.sub("", line).replace("\r", " ").replace("\n", " ")
 
 

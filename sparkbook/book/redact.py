@@ -19,6 +19,11 @@ from pathlib import Path
 from typing import Callable, Iterator
 from urllib.parse import quote, quote_plus
 
+# Terminal control sequences, stripped from what is shown of a log or a live line (a log's
+# signature lines, progress): CSI (colours, cursor moves), OSC (a title, a clipboard write) and the
+# like, other escapes, syslog's escaped colours, and control characters but tab and CR.
+CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]?|\x1b[\]PX^_][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -/]*[0-~]?|"
+                      r"#033\[[0-9;]*m|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 MASK = "********"
 NAMES = re.compile(r"TOKEN|SECRET|PASSWORD|API_KEY|ACCESS_KEY")
 MIN_LEN = 8  # shorter values would mask ordinary words

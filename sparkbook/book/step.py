@@ -25,12 +25,14 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from ..params import Params
 from .redact import mask
 from .tables import Table
 from .verdict import Check
+
+if TYPE_CHECKING:  # the step face names the parameters; the book below them imports none
+    from ..params import Params
 
 
 class Outcome:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterable
 
 from .errors import CheckFailed
+from .project import step_notebooks
 from .redact import mask
 from .tables import Table
 
@@ -86,12 +87,6 @@ def run_step(notebook: str) -> str:
     """How a remedy sends a person to another step: ``run 03_distribute_image.ipynb (`sparkbook run
     -p FILE --steps 03`)`` (``notebook``: the file's stem), a link in the HTML."""
     return f"run {notebook}.ipynb (`sparkbook run -p FILE --steps {notebook[:2]}`)"
-
-
-def step_notebooks() -> set[str]:
-    """The stems of the project's numbered notebooks (``03_distribute_image``)."""
-    from ..params import project_root
-    return {p.stem for p in (project_root() / "notebooks").glob("[0-9][0-9]_*.ipynb")}
 
 
 def link_steps(page: str) -> str:

@@ -51,15 +51,11 @@ def script_path(params: Params, node: Node) -> str:
     return f"{workdir.workdir(params, node)}/allreduce.py"
 
 
-def master(params: Params) -> tuple[str, int]:
-    return params.head.fabric_address, params.collectives.master_port or params.ports.master + 1
-
-
 def command(params: Params, node: Node) -> list[str]:
     """The container that runs this node's ranks."""
     c = params.collectives
     be = backend(params)
-    addr, port = master(params)
+    addr, port = params.collectives_master
     nproc = max(params.gpus_of(node), 1) if be == "nccl" else 1
     torchrun = ["torchrun", f"--nnodes={len(params.nodes)}", f"--nproc-per-node={nproc}",
                 f"--node-rank={params.nodes.index(node)}", f"--master-addr={addr}",
@@ -171,7 +167,7 @@ def diagnose(params: Params, out: Sweep) -> tuple[str, str]:
     log (sparkbook.facts.signatures) when there is one, else what the phase it stopped in suggests."""
     stuck = {n: p for n, p in out.phases.items() if p != "done"}
     phase = min(stuck.values(), key=lambda p: PHASES.index(p) if p in PHASES else -1) if stuck else "done"
-    addr, port = master(params)
+    addr, port = params.collectives_master
     missing = [n for n, p in out.phases.items() if p in ("not started", "rendezvous")]
     if phase in ("not started", "rendezvous"):
         phase = "rendezvous"
@@ -207,7 +203,7 @@ def checks(params: Params, out: Sweep) -> list[Check]:
     latency meet the expectations, and the transport NCCL chose on every node."""
     found: list[Check] = []
     e = params.expectations
-    addr, port = master(params)
+    addr, port = params.collectives_master
     if out.left_running:
         found.append(Check("cleanup", ", ".join(out.left_running), FAIL,
                            "the all-reduce container is still there", "removed",

@@ -28,6 +28,7 @@ from ..book.errors import CheckFailed
 from ..book.progress import Progress, bar, fraction_of
 from ..book.tables import Table, human_bytes, short_id
 from ..book.verdict import FAIL, PASS, WARN, Check, Verdict
+from ..facts.identity import INSPECT_FORMAT, ImageIdentity, parse, same_image
 from ..facts.parsers import parse_sections
 from ..nodes.remote import Cluster
 from ..nodes.shell import SCRIPTS, Script, peer_ssh, script
@@ -35,7 +36,6 @@ from ..nodes.workdir import prepare, workdir
 from ..params import Node, Params
 from ..params.settings import relay_plan
 from ..scripts.layerstore import chain_ids
-from .identity import INSPECT_FORMAT, ImageIdentity, parse, same_image
 from .lines import STALL_S, Lines, number
 from .outcome import ImageOutcome, Probe, StreamEnd, Transfer
 
@@ -103,7 +103,7 @@ class Survey:
 
 def survey_script(image: str) -> Script:
     """``image_survey.sh``: one section per fact (see the script), the image read with
-    :data:`~.identity.INSPECT_FORMAT`."""
+    :data:`sparkbook.facts.identity.INSPECT_FORMAT`."""
     return script("image_survey.sh", image, INSPECT_FORMAT)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TypedDict
 
-from .identity import ImageIdentity, same_image
+from ..facts.identity import ImageIdentity, same_image
 
 
 class Probe(TypedDict, total=False):

@@ -24,6 +24,8 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Iterable
 
+from ..book.redact import CONTROL
+
 # The steps whose logs a signature can appear in ("02" the all-reduce, "04" the Ray cluster,
 # "05" vLLM's start-up, "06"/"07" vLLM under load); ``match(text, step=...)`` keeps those.
 ALL_STEPS = ("02", "04", "05", "06", "07")
@@ -44,10 +46,6 @@ PROGRESS = r"(world_size=\d+ rank=\d+|Loading weights took|Model loading took|Lo
 # what hangs), blank lines and bare process prefixes.
 _NOISE = re.compile(r"SIGTERM|Shutting down|shutdown complete|Terminated|[Kk]illed|received signal|"
                     r"KeyboardInterrupt|Parent process exited|Stopping|^\s*$")
-# Terminal control sequences: CSI (colours, cursor moves), OSC (a title, a clipboard write) and the
-# like, other escapes, syslog's escaped colours, and control characters but tab and CR (see clean).
-CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]?|\x1b[\]PX^_][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -/]*[0-~]?|"
-                      r"#033\[[0-9;]*m|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 _PREFIX = re.compile(r"\s*\((?:[\w.:-]+ )*pid=\d+(?:, ip=(?P<ip>[\d.:a-fA-F]+))?\)\s*")  # at a position
 LINE_WIDTH = 8192  # a line is matched on this much: the longest real one (vLLM's config) is ~3,200
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from ..book.errors import SparkbookError
-from ..params import project_root
+from ..book.project import project_root
 
 LAB_HOME = Path(os.environ.get("SPARKBOOK_LAB_HOME", "~/.cache/sparkbook/lab")).expanduser()
 RUN = Path("/run/sparkbook-lab")

@@ -36,7 +36,8 @@ import paramiko
 from fabric import Config, Connection
 
 from ..book.errors import CheckFailed
-from ..params import SSH, Node, Params, project_root
+from ..book.project import project_root
+from ..params import SSH, Node, Params
 from .hostkeys import HostKeyRefused, guard
 from .shell import KILL_GRACE_S, TIMEOUT_STATUS, Command, PerNode, command_line, wrap
 

@@ -19,6 +19,7 @@ from pydantic import Field, ValidationError, field_validator
 
 from ..book import redact
 from ..book.errors import SparkbookError
+from ..book.project import project_root
 from .endpoint import API_HOSTS, destination, key_may_go
 from .fields import (DAY, MAX_VALUES, AbsolutePath, Address, ApiUrl, DockerArgs, Image, KeyVariable, Login,
                      ModelPath, MountPath, NotOption, ServeArgs, TokenVariable, UniqueKeyLoader, Word,
@@ -260,6 +261,12 @@ class Params(Section):
         return {n.fabric_address: n.name for n in self.nodes}
 
     @property
+    def collectives_master(self) -> tuple[str, int]:
+        """02's torch rendezvous: the head's fabric address, ``collectives.master_port`` or the
+        port after ``ports.master`` (which vLLM's own rendezvous takes)."""
+        return self.head.fabric_address, self.collectives.master_port or self.ports.master + 1
+
+    @property
     def endpoint(self) -> str:
         """The OpenAI-compatible API's base URL as this machine reaches it."""
         url = self.serving.api_url or f"http://{self.head.host}:{self.ports.api}"
@@ -478,15 +485,6 @@ def read(path: str | os.PathLike[str]) -> Any:
 def load(path: str | os.PathLike[str]) -> Params:
     """Read and validate a parameters file."""
     return validate(read(path), str(path))
-
-
-def project_root() -> Path:
-    """The project folder: the nearest folder above the working directory holding parameters/,
-    else the folder the package was installed from."""
-    for d in [Path.cwd(), *Path.cwd().parents]:
-        if (d / "parameters").is_dir() and (d / "notebooks").is_dir():
-            return d
-    return Path(__file__).resolve().parents[2]
 
 
 def default_params_file() -> Path:

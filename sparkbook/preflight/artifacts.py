@@ -9,7 +9,7 @@ from typing import Iterator
 
 from ..book.tables import short_id
 from ..book.verdict import FAIL, PASS, SKIP, WARN, Check, run_step
-from ..distribution.identity import ImageIdentity, same_image
+from ..facts.identity import ImageIdentity, same_image
 from ..facts.manifest import describe_differences, manifest_differences, split_extras
 from ..params import Params
 from .collect import Preflight

@@ -9,8 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypedDict
 
 from ..book.step import Outcome
-from ..distribution import identity
-from ..facts import inventory, memfit
+from ..facts import identity, inventory, memfit
 from ..facts.inventory import NodeFacts, NodeRow
 from ..facts.manifest import Manifest, manifest_script, parse_manifest
 from ..facts.parsers import (Fec, Gid, IbDevice, LinkSpeed, RailMap, SmiTable, parse_ethtool,

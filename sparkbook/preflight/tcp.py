@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 from typing import TypedDict
 
-from ..collectives.sweep import master
 from ..nodes.remote import Cluster, Result
 from ..nodes.shell import SCRIPTS
 from ..params import Node, Params
@@ -52,7 +51,7 @@ def serving_ports(params: Params) -> dict[int, str]:
     """The ports serving needs between the nodes, each with what uses it."""
     found: dict[int, list[str]] = {}
     for what, port in (("ray", params.ports.ray), ("master", params.ports.master),
-                       ("all-reduce", master(params)[1]), ("api", params.ports.api),
+                       ("all-reduce", params.collectives_master[1]), ("api", params.ports.api),
                        ("ephemeral", EPHEMERAL)):
         found.setdefault(port, []).append(what)
     return {port: "/".join(names) for port, names in found.items()}

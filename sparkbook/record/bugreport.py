@@ -41,13 +41,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..book.errors import SparkbookError
+from ..book.project import project_root
 from ..book.redact import NAMES, mask, text_files
 from ..book.tables import Table
 from ..facts import inventory
 from ..facts.parsers import parse_sections
 from ..nodes.remote import Cluster
 from ..nodes.shell import Bundle, bundle, script
-from ..params import Node, Params, load, project_root
+from ..params import Node, Params, load
 from ..serving.commands import RAY_AUTH, container_env, ray_container, serve_log
 from ..serving.containers import deployment_label, owner_label
 from ..version import __version__

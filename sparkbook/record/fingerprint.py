@@ -4,7 +4,7 @@ of the report, so that two runs can say whether their numbers compare, and if no
 What decides comparability (:meth:`Fingerprint.key`, :func:`differences`):
 
 * the serving image by its content (its layers' diff IDs and runtime config, as
-  :mod:`sparkbook.distribution.identity` compares images: the same image under another ID in
+  :mod:`sparkbook.facts.identity` compares images: the same image under another ID in
   another image store compares equal), else by its ID;
 * the vLLM, torch, NCCL, Ray and transformers versions inside it;
 * the model: its name, ``model.revision`` and a digest of its file manifest on the head (every
@@ -51,8 +51,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..book.redact import mask
 from ..book.tables import human_bytes
-from ..distribution.identity import INSPECT_FORMAT, ImageIdentity, parse, same_image
 from ..facts import inventory
+from ..facts.identity import INSPECT_FORMAT, ImageIdentity, parse, same_image
 from ..facts.manifest import manifest_script, parse_manifest
 from ..facts.parsers import parse_sections
 from ..nodes.remote import Cluster

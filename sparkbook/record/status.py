@@ -34,10 +34,10 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from ..book.errors import SparkbookError
+from ..book.project import discover, project_root
 from ..book.tables import Table
 from ..book.verdict import COLOURS, FAIL, PASS, SKIP, WARN, Verdict, is_node
-from ..params import Params, project_root
-from ..runbook.runner import discover
+from ..params import Params
 from ..serving.inspection import CACHE as INSPECTION
 from .bugreport import latest_run
 from .fingerprint import FILE as FINGERPRINT

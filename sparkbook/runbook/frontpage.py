@@ -30,10 +30,11 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..book.errors import SparkbookError
+from ..book.project import project_root
 from ..book.redact import mask
 from ..book.verdict import link_steps
 from ..notebook import default_run_dir
-from ..params import default_params_file, load, project_root
+from ..params import default_params_file, load
 from ..record.status import Picture, nodes_now, picture
 
 

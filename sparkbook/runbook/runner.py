@@ -20,15 +20,15 @@ import papermill
 
 from ..book import redact
 from ..book.errors import SparkbookError
+from ..book.project import discover, project_root
 from ..book.redact import mask
 from ..nodes import lock
 from ..notebook import Context, open_cluster
-from ..params import Params, load, project_root
+from ..params import Params, load
 from ..record import fingerprint
 from . import engine
 from .interrupt import Interrupts
 
-STEP_RE = re.compile(r"^(\d\d)_[A-Za-z0-9_]+\.ipynb$")
 # steps that run even after an earlier step failed: what a failed run started must not stay running
 CLEANUP_STEPS = ("teardown",)
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -45,11 +45,6 @@ class Step:
     status: str = "skipped"  # passed, failed, interrupted or skipped
     duration_s: float = 0.0
     error: str | None = None
-
-
-def discover(notebooks_dir: Path) -> list[Path]:
-    """The numbered notebooks (``NN_name.ipynb``), in order."""
-    return sorted(p for p in notebooks_dir.glob("*.ipynb") if STEP_RE.match(p.name))
 
 
 def select(notebooks: Sequence[Path], steps: str | None) -> list[Path]:

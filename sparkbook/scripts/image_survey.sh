@@ -3,7 +3,7 @@
 # "@@ NAME" lines:
 #   image         IMAGE's identity and size: `docker image inspect` with FORMAT (its ID, size,
 #                 registry digests, diff IDs and runtime config, one JSON object: the format is
-#                 sparkbook/distribution/identity.py's INSPECT_FORMAT); nothing when it is absent
+#                 sparkbook/facts/identity.py's INSPECT_FORMAT); nothing when it is absent
 #   docker        the server's version
 #   driver        the storage driver and its status (the containerd image store shows there)
 #   root          Docker's root folder

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The serving runtime on this node, for sparkbook's preflight (01): the running containers
 # ("@@ containers": "NAME<TAB>IMAGE<TAB>STATUS") and IMAGE's identity ("@@ image": `docker image
-# inspect` with FORMAT, sparkbook/distribution/identity.py's INSPECT_FORMAT: its ID, registry
+# inspect` with FORMAT, sparkbook/facts/identity.py's INSPECT_FORMAT: its ID, registry
 # digests, diff IDs and runtime config as one JSON object, or "absent").
 # Usage: runtime_state.sh IMAGE FORMAT
 set -euo pipefail

@@ -3,7 +3,7 @@
 # in sections read by sparkbook.serving.state:
 #   @@ containers  NAME<TAB>STATE<TAB>FINGERPRINT per container labelled LABEL (sparkbook=<deployment>)
 #   @@ runs        /NAME IMAGE_ID per such container
-#   @@ image       `docker image inspect` of IMAGE with FORMAT (sparkbook/distribution/identity.py's
+#   @@ image       `docker image inspect` of IMAGE with FORMAT (sparkbook/facts/identity.py's
 #                  INSPECT_FORMAT): its ID, registry digests, diff IDs and runtime config here, one
 #                  JSON object (nothing when it is absent)
 #   @@ listeners   `ss -ltnp` without its header

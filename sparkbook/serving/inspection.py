@@ -13,7 +13,7 @@ from pathlib import Path
 from ..book.redact import mask
 from ..book.tables import Table, short_id
 from ..book.verdict import FAIL, PASS, WARN, Check
-from ..distribution.identity import INSPECT_FORMAT, ImageIdentity, parse, same_image
+from ..facts.identity import INSPECT_FORMAT, ImageIdentity, parse, same_image
 from ..nodes import workdir
 from ..nodes.remote import Cluster
 from ..nodes.shell import SCRIPTS

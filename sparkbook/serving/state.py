@@ -11,7 +11,7 @@ from ..book import redact
 from ..book.errors import CheckFailed
 from ..book.tables import short_id
 from ..book.verdict import FAIL, Check
-from ..distribution.identity import INSPECT_FORMAT, ImageIdentity, parse, same_image
+from ..facts.identity import INSPECT_FORMAT, ImageIdentity, parse, same_image
 from ..facts.parsers import listener, parse_sections
 from ..nodes import workdir
 from ..nodes.remote import Cluster
