@@ -15,7 +15,7 @@ import yaml
 
 from conftest import field_sample
 from sparkbook.facts import parsers
-from sparkbook.lab import Lab, LabError, faults, host, lab_nodes, lab_params
+from sparkbook.lab import FAULTS, Lab, LabError, faults, host, lab_nodes, lab_params
 from sparkbook.lab.host import leftovers
 from sparkbook.params import validate
 from sparkbook.nodes.remote import Cluster
@@ -152,6 +152,13 @@ def _observe(cluster, params, kind):
     if kind == "firewall":
         out = run_ok(cluster, "iptables -S INPUT", ["spark-2"])["spark-2"].stdout
         return f"--dport {params.ports.ray}" in out and "sparkbook-lab firewall" in out
+
+
+def test_every_fault_is_made_and_undone_by_its_row_and_described():
+    """One row per fault name the CLI offers (lab/nodes.py's FAULTS), each a pair: make, undo."""
+    assert tuple(faults.TABLE) == FAULTS
+    assert all(callable(make) and callable(undo) for make, undo in faults.TABLE.values())
+    assert not [k for k in FAULTS if f"\n- {k} " not in faults.__doc__], "a fault the docstring does not describe"
 
 
 @pytest.mark.parametrize("kind", ["node-down", "mtu", "rail-down", "docker-down", "port-busy",

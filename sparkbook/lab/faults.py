@@ -41,7 +41,10 @@ import shlex
 import shutil
 import tarfile
 import time
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
+from typing import Callable
 
 from ..serving.commands import container_name
 from .lab import Lab
@@ -62,98 +65,248 @@ def _pick(lab: Lab, kind: str, name: str | None) -> LabNode:
     raise LabError(f"no lab node {name!r} (nodes: {', '.join(n.name for n in nodes)})")
 
 
+@dataclass
+class Site:
+    """Where a fault is applied or undone, and its record (what undoing it needs, kept in lab.json)."""
+    lab: Lab
+    node: LabNode
+    rec: dict
+    port: int | None = None  # port-busy, firewall: the port asked for
+    rate: str = "200mbit"  # slow-link, fec
+
+    @property
+    def ns(self) -> str:
+        return self.node.netns
+
+    @cached_property
+    def params(self):
+        return self.lab.params()
+
+
+def _node_down(s: Site) -> None:
+    s.rec["rails_up"] = [r for r in RAIL_NAMES if _is_up(s.ns, r)]
+    for ifname in [MGMT_IF, *RAIL_NAMES]:
+        sh("ip", "-n", s.ns, "link", "set", ifname, "down")
+
+
+def _node_up(s: Site) -> None:
+    for ifname in [MGMT_IF, *s.rec["rails_up"]]:
+        sh("ip", "-n", s.ns, "link", "set", ifname, "up")
+
+
+def _mtu(value: int) -> Callable[[Site], None]:
+    def set_mtu(s: Site) -> None:
+        for r in RAIL_NAMES:
+            sh("ip", "-n", s.ns, "link", "set", r, "mtu", str(value))
+    return set_mtu
+
+
+def _rail_down(s: Site) -> None:
+    s.rec["rail"] = RAIL_NAMES[-1]
+    sh("ip", "-n", s.ns, "link", "set", s.rec["rail"], "down")
+
+
+def _rail_up(s: Site) -> None:
+    sh("ip", "-n", s.ns, "link", "set", s.rec["rail"], "up")
+
+
+def _docker_down(s: Site) -> None:
+    pidfile = s.node.run / "docker.pid"
+    s.lab.node_sh(s.node, f'kill -TERM "$(cat {shlex.quote(str(pidfile))})"')
+    deadline = time.monotonic() + 30
+    while pidfile.exists():  # dockerd removes it when it has stopped
+        if time.monotonic() > deadline:
+            raise LabError(f"{s.node.name}: the Docker daemon did not stop")
+        time.sleep(0.2)
+
+
+def _docker_up(s: Site) -> None:
+    s.lab._start_dockerd(s.node, lambda *made: None)  # recorded at `up` already
+    s.lab._wait_docker(s.node)
+
+
+def _port_busy(s: Site) -> None:
+    s.rec["port"] = s.port or s.params.ports.api
+    listener = ("import socket, time; s = socket.socket(); "
+                "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+                f"s.bind(('0.0.0.0', {int(s.rec['port'])})); s.listen(); time.sleep(10**9)")
+    out = s.lab.node_sh(s.node, f"python3 -c {shlex.quote(listener)} </dev/null >/dev/null 2>&1 & echo $!")
+    s.rec["pid"] = int(out.stdout.strip())  # in the node's PID namespace
+    _wait_listening(s.lab, s.node, int(s.rec["port"]))
+
+
+def _port_free(s: Site) -> None:
+    s.lab.node_sh(s.node, f"kill {int(s.rec['pid'])}", check=False)
+
+
+def _stale(s: Site) -> None:
+    s.rec["pid"] = _stale_process(s.lab, s.node)
+
+
+def _stale_gone(s: Site) -> None:
+    """Only if the PID is still that process; gone (reaped) before returning."""
+    s.lab.node_sh(s.node, f"pid={int(s.rec['pid'])}; if [ \"$(cat /proc/$pid/comm 2>/dev/null)\" = "
+                  f"{shlex.quote(STALE_NAME[:15])} ]; then kill \"$pid\"; for _ in $(seq 50); do "
+                  "[ -e /proc/$pid ] || break; sleep 0.1; done; fi", check=False)
+
+
+def _simulated(tool: str, key: str, value) -> tuple[Callable[[Site], None], Callable[[Site], None]]:
+    """A fault made by a simulated tool (sparkbook/lab/simhw.py) on the node's PATH while it holds,
+    reading ``key`` of the node's state; the tool's link goes with it (not nvidia-smi's: it is
+    simulated anyway)."""
+    def make(s: Site) -> None:
+        s.rec["tool"], s.rec["key"] = tool, key
+        _simulate(s.node, tool, key, value)
+
+    def undo(s: Site) -> None:
+        link = s.node.dir / "bin" / tool
+        if tool != "nvidia-smi" and link.is_symlink():
+            link.unlink()
+        _set_state(s.node, key, None)
+    return make, undo
+
+
+def _image_drift(s: Site) -> None:
+    image = s.params.runtime.image
+    r = docker(s.node, "image", "inspect", "--format", "{{.Id}}", image, check=False)
+    s.rec["previous"] = r.stdout.strip() if r.returncode == 0 else None
+    tar_path = s.node.dir / "faults" / "drift.tar"
+    with tarfile.open(tar_path, mode="w") as tar:
+        data = f"image drift made by `sparkbook lab fault` at {time.time()}\n".encode()
+        info = tarfile.TarInfo("sparkbook-lab-drift")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    s.rec["drift"] = docker(s.node, "import", str(tar_path), image).stdout.strip()
+
+
+def _image_back(s: Site) -> None:
+    image = s.params.runtime.image
+    if s.rec["previous"]:
+        docker(s.node, "tag", s.rec["previous"], image)
+    else:
+        docker(s.node, "rmi", image, check=False)
+    docker(s.node, "rmi", s.rec["drift"], check=False)
+
+
+def _model_drift(s: Site) -> None:
+    cfg = s.node.dir / "models" / Path(s.params.model.path).name / "config.json"
+    backup = s.node.dir / "faults" / "config.json"
+    backup.write_bytes(cfg.read_bytes())
+    data = json.loads(cfg.read_text())
+    data["sparkbook_lab_drift"] = time.time()
+    cfg.write_text(json.dumps(data, indent=2))
+    s.rec["file"], s.rec["backup"] = str(cfg), str(backup)
+
+
+def _model_back(s: Site) -> None:
+    Path(s.rec["file"]).write_bytes(Path(s.rec["backup"]).read_bytes())
+
+
+def _stall(s: Site) -> None:
+    s.rec["pids"] = _vllm_pids(s.node, container_name(s.params, False), container_name(s.params, True))
+    if not s.rec["pids"]:
+        raise LabError(f"{s.node.name}: no vLLM process to freeze (apply `stall` once 05 has started vLLM)")
+    s.lab.node_sh(s.node, shlex.join(["kill", "-STOP", *map(str, s.rec["pids"])]))
+
+
+def _unstall(s: Site) -> None:
+    """Those that still exist (05 may have removed their container)."""
+    s.lab.node_sh(s.node, shlex.join(["kill", "-CONT", *map(str, s.rec["pids"])]) + " 2>/dev/null", check=False)
+
+
+def _cpu_quota(s: Site) -> None:
+    s.rec["containers"] = {}  # each container's own limit kept, to give back
+    for name in (container_name(s.params, False), container_name(s.params, True)):
+        r = docker(s.node, "inspect", "--format", "{{.HostConfig.NanoCpus}}", name, check=False)
+        if r.returncode == 0:
+            docker(s.node, "update", "--cpus", str(QUOTA_CPUS), name)
+            s.rec["containers"][name] = int(r.stdout.strip() or 0)
+    if not s.rec["containers"]:
+        raise LabError(f"{s.node.name}: no vLLM container to slow (apply `cpu-quota` once 05 has started vLLM)")
+
+
+def _cpu_back(s: Site) -> None:
+    """Those that still exist, back to their own limit (0: none)."""
+    for name, nano in s.rec["containers"].items():
+        docker(s.node, "update", "--cpus", f"{nano / 1e9:g}" if nano else UNLIMITED_CPUS, name, check=False)
+
+
+def _firewall(action: str) -> Callable[[Site], None]:
+    """Exactly one rule per rail, added (-I) or deleted (-D) again if it is still there."""
+    def rules(s: Site) -> None:
+        if action == "-I":
+            s.rec["port"] = s.port or s.params.ports.ray
+        for ifname in RAIL_NAMES:
+            sh("ip", "netns", "exec", s.ns, "iptables", action, "INPUT", *_firewall_rule(ifname, s.rec["port"]),
+               check=action == "-I")
+    return rules
+
+
+def _slow_link(fec: bool) -> tuple[Callable[[Site], None], Callable[[Site], None]]:
+    """Both ends of each rail rate-limited (tbf: this kernel has no netem); ``fec``: the simulated
+    ethtool says the rails run without forward error correction too."""
+    def ends(s: Site):
+        for r, ifname in enumerate(RAIL_NAMES):
+            yield from ((s.ns, ifname), (FABRIC_NS, f"{PREFIX}{s.node.index}r{r}"))
+
+    def make(s: Site) -> None:
+        s.rec["rate"] = s.rate
+        if fec:
+            _simulate(s.node, "ethtool", "fec", {ifname: "None" for ifname in RAIL_NAMES})
+        for where, dev in ends(s):
+            sh("ip", "netns", "exec", where, "tc", "qdisc", "replace", "dev", dev, "root", "tbf",
+               "rate", s.rate, "burst", "256kb", "latency", "100ms")
+
+    def undo(s: Site) -> None:
+        if fec:
+            _set_state(s.node, "fec", None)
+        for where, dev in ends(s):
+            sh("ip", "netns", "exec", where, "tc", "qdisc", "del", "dev", dev, "root", check=False)
+    return make, undo
+
+
+# Of a core: the cpu-quota fault's. Measured on the worker of the lab's TP 2 (2026-12-01): 0.25
+# slowed it 1.6x, 0.05 some 12x (so few requests then finish that a soak's last third is mostly
+# of requests sent before the fault); 0.15 aims at the 3-6x a throttled GPU shows.
+QUOTA_CPUS = 0.15
+UNLIMITED_CPUS = "0"  # `docker update --cpus 0` lifts the limit
+# What vLLM's engine process calls itself (setproctitle); nvidia-smi lists it so on a Spark.
+STALE_NAME = "VLLM::EngineCore"
+# The power brake of a Spark whose USB-C power negotiation failed (the GB10 stuck at 500-850 MHz).
+THROTTLE = {"reasons": ["HW Slowdown", "HW Power Brake Slowdown"], "mhz": 513}
+
+# Every fault: how it is made, how it is undone (the module's docstring says what each is).
+TABLE: dict[str, tuple[Callable[[Site], None], Callable[[Site], None]]] = {
+    "node-down": (_node_down, _node_up),
+    "mtu": (_mtu(1500), _mtu(FABRIC_MTU)),
+    "rail-down": (_rail_down, _rail_up),
+    "docker-down": (_docker_down, _docker_up),
+    "port-busy": (_port_busy, _port_free),
+    "image-drift": (_image_drift, _image_back),
+    "model-drift": (_model_drift, _model_back),
+    "slow-link": _slow_link(fec=False),
+    "stall": (_stall, _unstall),
+    "firewall": (_firewall("-I"), _firewall("-D")),
+    "stale": (_stale, _stale_gone),
+    "clock": _simulated("date", "clock_offset_s", 5.0),
+    "disk": _simulated("df", "disk_free_kb", 1 << 20),
+    "throttle": _simulated("nvidia-smi", "throttle", THROTTLE),
+    "fec": _slow_link(fec=True),
+    "cpu-quota": (_cpu_quota, _cpu_back),
+}
+
+
 def apply(lab: Lab, kind: str, node: str | None = None, port: int | None = None,
           rate: str = "200mbit") -> dict:
     """Apply a fault; returns its record. Applying one that is already applied changes nothing."""
     if kind not in FAULTS:
         raise LabError(f"unknown fault {kind!r} (faults: {', '.join(FAULTS)})")
     target = _pick(lab, kind, node)
-    state = lab.state()
-    for f in state["faults"]:
+    for f in lab.state()["faults"]:
         if f["kind"] == kind and f["node"] == target.name:
             return f
-    params = lab.params()
     rec: dict = {"kind": kind, "node": target.name}
-    ns = target.netns
-    if kind == "node-down":
-        rec["rails_up"] = [r for r in RAIL_NAMES if _is_up(ns, r)]
-        for ifname in [MGMT_IF, *RAIL_NAMES]:
-            sh("ip", "-n", ns, "link", "set", ifname, "down")
-    elif kind == "mtu":
-        for r in RAIL_NAMES:
-            sh("ip", "-n", ns, "link", "set", r, "mtu", "1500")
-    elif kind == "rail-down":
-        rec["rail"] = RAIL_NAMES[-1]
-        sh("ip", "-n", ns, "link", "set", rec["rail"], "down")
-    elif kind == "docker-down":
-        pidfile = target.run / "docker.pid"
-        lab.node_sh(target, f'kill -TERM "$(cat {shlex.quote(str(pidfile))})"')
-        deadline = time.monotonic() + 30
-        while pidfile.exists():  # dockerd removes it when it has stopped
-            if time.monotonic() > deadline:
-                raise LabError(f"{target.name}: the Docker daemon did not stop")
-            time.sleep(0.2)
-    elif kind == "port-busy":
-        rec["port"] = port or params.ports.api
-        listener = ("import socket, time; s = socket.socket(); "
-                    "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
-                    f"s.bind(('0.0.0.0', {int(rec['port'])})); s.listen(); time.sleep(10**9)")
-        out = lab.node_sh(target, f"python3 -c {shlex.quote(listener)} </dev/null >/dev/null 2>&1 & echo $!")
-        rec["pid"] = int(out.stdout.strip())  # in the node's PID namespace
-        _wait_listening(lab, target, int(rec["port"]))
-    elif kind == "stale":
-        rec["pid"] = _stale_process(lab, target)
-    elif kind == "throttle":  # nvidia-smi is simulated already: only its state changes
-        _simulate(target, "nvidia-smi", "throttle", THROTTLE)
-    elif kind in SIMULATED:
-        rec["tool"], rec["key"], value = SIMULATED[kind]
-        _simulate(target, rec["tool"], rec["key"], value)
-    elif kind == "image-drift":
-        image = params.runtime.image
-        r = docker(target, "image", "inspect", "--format", "{{.Id}}", image, check=False)
-        rec["previous"] = r.stdout.strip() if r.returncode == 0 else None
-        tar_path = target.dir / "faults" / "drift.tar"
-        with tarfile.open(tar_path, mode="w") as tar:
-            data = f"image drift made by `sparkbook lab fault` at {time.time()}\n".encode()
-            info = tarfile.TarInfo("sparkbook-lab-drift")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-        drift = docker(target, "import", str(tar_path), image)
-        rec["drift"] = drift.stdout.strip()
-    elif kind == "model-drift":
-        cfg = target.dir / "models" / Path(params.model.path).name / "config.json"
-        backup = target.dir / "faults" / "config.json"
-        backup.write_bytes(cfg.read_bytes())
-        data = json.loads(cfg.read_text())
-        data["sparkbook_lab_drift"] = time.time()
-        cfg.write_text(json.dumps(data, indent=2))
-        rec["file"], rec["backup"] = str(cfg), str(backup)
-    elif kind == "stall":
-        rec["pids"] = _vllm_pids(target, container_name(params, False), container_name(params, True))
-        if not rec["pids"]:
-            raise LabError(f"{target.name}: no vLLM process to freeze (apply `stall` once 05 has started vLLM)")
-        lab.node_sh(target, shlex.join(["kill", "-STOP", *map(str, rec["pids"])]))
-    elif kind == "cpu-quota":  # each container's own limit kept, to give back
-        rec["containers"] = {}
-        for name in (container_name(params, False), container_name(params, True)):
-            r = docker(target, "inspect", "--format", "{{.HostConfig.NanoCpus}}", name, check=False)
-            if r.returncode == 0:
-                docker(target, "update", "--cpus", str(QUOTA_CPUS), name)
-                rec["containers"][name] = int(r.stdout.strip() or 0)
-        if not rec["containers"]:
-            raise LabError(f"{target.name}: no vLLM container to slow (apply `cpu-quota` once 05 has started vLLM)")
-    elif kind == "firewall":
-        rec["port"] = port or params.ports.ray
-        for ifname in RAIL_NAMES:
-            sh("ip", "netns", "exec", ns, "iptables", "-I", "INPUT", *_firewall_rule(ifname, rec["port"]))
-    elif kind in ("slow-link", "fec"):
-        rec["rate"] = rate
-        if kind == "fec":
-            _simulate(target, "ethtool", "fec", {ifname: "None" for ifname in RAIL_NAMES})
-        for r, ifname in enumerate(RAIL_NAMES):
-            for where, dev in ((ns, ifname), (FABRIC_NS, f"{PREFIX}{target.index}r{r}")):
-                sh("ip", "netns", "exec", where, "tc", "qdisc", "replace", "dev", dev, "root", "tbf",
-                   "rate", rate, "burst", "256kb", "latency", "100ms")
+    TABLE[kind][0](Site(lab, target, rec, port, rate))
     state = lab.state()
     state["faults"].append(rec)
     lab._save(state)
@@ -171,63 +324,12 @@ def heal(lab: Lab, kind: str | None = None) -> list[dict]:
     for rec in reversed(list(state["faults"])):
         if kind and rec["kind"] != kind:
             continue
-        _undo(lab, rec)
+        node = next(n for n in lab.nodes() if n.name == rec["node"])
+        TABLE[rec["kind"]][1](Site(lab, node, rec))
         state["faults"].remove(rec)
         lab._save(state)
         healed.append(rec)
     return healed
-
-
-def _undo(lab: Lab, rec: dict) -> None:
-    node = next(n for n in lab.nodes() if n.name == rec["node"])
-    ns, kind = node.netns, rec["kind"]
-    if kind == "node-down":
-        for ifname in [MGMT_IF, *rec["rails_up"]]:
-            sh("ip", "-n", ns, "link", "set", ifname, "up")
-    elif kind == "mtu":
-        for r in RAIL_NAMES:
-            sh("ip", "-n", ns, "link", "set", r, "mtu", str(FABRIC_MTU))
-    elif kind == "rail-down":
-        sh("ip", "-n", ns, "link", "set", rec["rail"], "up")
-    elif kind == "docker-down":
-        lab._start_dockerd(node, lambda *made: None)  # recorded at `up` already
-        lab._wait_docker(node)
-    elif kind == "port-busy":
-        lab.node_sh(node, f"kill {int(rec['pid'])}", check=False)
-    elif kind == "stale":  # only if the PID is still that process; gone (reaped) before returning
-        lab.node_sh(node, f"pid={int(rec['pid'])}; if [ \"$(cat /proc/$pid/comm 2>/dev/null)\" = "
-                    f"{shlex.quote(STALE_NAME[:15])} ]; then kill \"$pid\"; for _ in $(seq 50); do "
-                    "[ -e /proc/$pid ] || break; sleep 0.1; done; fi", check=False)
-    elif kind == "throttle":
-        _set_state(node, "throttle", None)
-    elif kind in SIMULATED:
-        link = node.dir / "bin" / rec["tool"]
-        if link.is_symlink():
-            link.unlink()
-        _set_state(node, rec["key"], None)
-    elif kind == "image-drift":
-        image = lab.params().runtime.image
-        if rec["previous"]:
-            docker(node, "tag", rec["previous"], image)
-        else:
-            docker(node, "rmi", image, check=False)
-        docker(node, "rmi", rec["drift"], check=False)
-    elif kind == "model-drift":
-        Path(rec["file"]).write_bytes(Path(rec["backup"]).read_bytes())
-    elif kind in ("slow-link", "fec"):
-        if kind == "fec":
-            _set_state(node, "fec", None)
-        for r, ifname in enumerate(RAIL_NAMES):
-            for where, dev in ((ns, ifname), (FABRIC_NS, f"{PREFIX}{node.index}r{r}")):
-                sh("ip", "netns", "exec", where, "tc", "qdisc", "del", "dev", dev, "root", check=False)
-    elif kind == "firewall":  # exactly the rules added (one each), if they are still there
-        for ifname in RAIL_NAMES:
-            sh("ip", "netns", "exec", ns, "iptables", "-D", "INPUT", *_firewall_rule(ifname, rec["port"]), check=False)
-    elif kind == "cpu-quota":  # those that still exist, back to their own limit (0: none)
-        for name, nano in rec["containers"].items():
-            docker(node, "update", "--cpus", f"{nano / 1e9:g}" if nano else UNLIMITED_CPUS, name, check=False)
-    elif kind == "stall":  # those that still exist (05 may have removed their container)
-        lab.node_sh(node, shlex.join(["kill", "-CONT", *map(str, rec["pids"])]) + " 2>/dev/null", check=False)
 
 
 def _wait_listening(lab: Lab, node: LabNode, port: int, timeout: float = 30) -> None:
@@ -261,20 +363,6 @@ def _firewall_rule(ifname: str, port: int) -> list[str]:
     """The firewall fault's rule on one rail, as added and as deleted."""
     return ["-i", ifname, "-p", "tcp", "--dport", str(int(port)), "-m", "comment", "--comment",
             "sparkbook-lab firewall", "-j", "DROP"]
-
-
-# Of a core: the cpu-quota fault's. Measured on the worker of the lab's TP 2 (2026-12-01): 0.25
-# slowed it 1.6x, 0.05 some 12x (so few requests then finish that a soak's last third is mostly
-# of requests sent before the fault); 0.15 aims at the 3-6x a throttled GPU shows.
-QUOTA_CPUS = 0.15
-UNLIMITED_CPUS = "0"  # `docker update --cpus 0` lifts the limit
-# What vLLM's engine process calls itself (setproctitle); nvidia-smi lists it so on a Spark.
-STALE_NAME = "VLLM::EngineCore"
-# Faults made by a simulated tool (sparkbook/lab/simhw.py) on the node's PATH while they hold:
-# the tool, the key of the node's state it reads, the value.
-SIMULATED = {"clock": ("date", "clock_offset_s", 5.0), "disk": ("df", "disk_free_kb", 1 << 20)}
-# The power brake of a Spark whose USB-C power negotiation failed (the GB10 stuck at 500-850 MHz).
-THROTTLE = {"reasons": ["HW Slowdown", "HW Power Brake Slowdown"], "mhz": 513}
 
 
 def _stale_process(lab: Lab, node: LabNode) -> int:
