@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import tempfile
 import threading
@@ -54,6 +55,17 @@ SYSTEM_FILES = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
 
 class HostKeyRefused(paramiko.SSHException):
     """A host key refused; the message says why and what to do."""
+
+
+class UnknownHostKey(paramiko.SSHException):
+    """A host whose key is in no known_hosts file read (``hostname`` as Paramiko looks it up:
+    ``HOST``, or ``[HOST]:PORT`` off port 22); worded as Paramiko's RejectPolicy words it."""
+
+    def __init__(self, hostname: str):
+        super().__init__(f"Server {hostname!r} not found in known_hosts")
+        self.hostname = hostname
+        bracketed = re.fullmatch(r"\[(.+)\]:(\d+)", hostname)
+        self.host, self.port = (bracketed[1], int(bracketed[2])) if bracketed else (hostname, 22)
 
 
 @dataclass
@@ -201,8 +213,7 @@ class StrictPolicy(paramiko.MissingHostKeyPolicy):
                                  "marked @revoked in known_hosts: refused")
         deferred = self.known.authorities + self.known.patterns
         if not deferred:
-            # the wording of Paramiko's RejectPolicy, which remote.ssh_error explains
-            raise paramiko.SSHException(f"Server {hostname!r} not found in known_hosts")
+            raise UnknownHostKey(hostname)  # remote.ssh_error explains it
         where = ", ".join(deferred[:3])
         try:
             openssh_verify(self.conn, key, self.known, self.timeout)

@@ -20,7 +20,6 @@ import functools
 import io
 import logging
 import os
-import re
 import shlex
 import socket
 import sys
@@ -38,7 +37,7 @@ from fabric import Config, Connection
 from ..book.errors import CheckFailed
 from ..book.project import project_root
 from ..params import SSH, Node, Params
-from .hostkeys import HostKeyRefused, guard
+from .hostkeys import HostKeyRefused, UnknownHostKey, guard
 from .shell import KILL_GRACE_S, TIMEOUT_STATUS, Command, PerNode, command_line, wrap
 
 # Paramiko logs every failed handshake with a traceback on stderr; sparkbook reports SSH failures
@@ -204,10 +203,9 @@ def ssh_error(exc: BaseException, node: Node, conn: Connection | None) -> str:
         return (f"ssh {where}: HOST KEY CHANGED (the server offers a {exc.key.get_name()} key that "
                 f"differs from known_hosts). If the node was reinstalled, remove the old key with "
                 f"`ssh-keygen -R '{hk}'` and add the new one after checking its fingerprint.")
-    unknown = re.search(r"Server '(\[(.+)\]:(\d+)|[^']+)' not found in known_hosts", str(exc))
-    if isinstance(exc, paramiko.SSHException) and unknown:
+    if isinstance(exc, UnknownHostKey):
         # the name paramiko looked up: this node's, or that of a ProxyJump hop in front of it
-        hk, h, p = unknown[1], unknown[2] or unknown[1], int(unknown[3] or 22)
+        hk, h, p = exc.hostname, exc.host, exc.port
         hop = "" if (h, p) == (host, port) else " (a ProxyJump hop)"
         return (f"ssh {where}: unknown host key ({hk}{hop} is not in known_hosts). Check the host's "
                 f"fingerprint, then add it: `ssh-keyscan -p {p} {h} >> ~/.ssh/known_hosts`, "
