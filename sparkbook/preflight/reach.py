@@ -41,7 +41,7 @@ def tcp(params: Params, pf: Preflight) -> Iterator[Check]:
     """Per node: its serving ports reached from every peer over the fabric; else one FAIL per
     (from, to, port), on the node to open. Rows grow with the failures, not the pairs."""
     up = pf.up(params)
-    for address, names in shared(up).items() if len(up) > 1 else ():
+    for address, names in shared(up).items():
         yield Check("tcp ports", ", ".join(names), SKIP, f"{', '.join(names)} share the fabric address {address}: "
                     "only one of them can listen there, so the probe could not tell them apart",
                     "the serving ports reached from every node over the fabric",
