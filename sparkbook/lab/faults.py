@@ -155,7 +155,6 @@ def _simulated(tool: str, key: str, value) -> tuple[Callable[[Site], None], Call
     reading ``key`` of the node's state; the tool's link goes with it (not nvidia-smi's: it is
     simulated anyway)."""
     def make(s: Site) -> None:
-        s.rec["tool"], s.rec["key"] = tool, key
         _simulate(s.node, tool, key, value)
 
     def undo(s: Site) -> None:
