@@ -3,7 +3,7 @@ name, the patterns of its log lines, its cause and remedy, the start-up phase an
 logs can hold it. Most specific first: a line belongs to the first signature that matches it.
 A new signature goes here, with a real line in tests/fixtures/logs/ (DEVELOPING.md's recipe).
 
-Standard library only, as sparkbook.facts.signatures is.
+Standard library only.
 """
 
 from __future__ import annotations

@@ -25,8 +25,7 @@ from dataclasses import asdict, dataclass
 from typing import Iterable
 
 from ..book.redact import CONTROL
-# the table; its names are read through this module too (signatures.SIGNATURES, .PHASES, .ALL_STEPS)
-from .known_failures import ALL_STEPS, PHASES, SIGNATURES, Signature  # noqa: F401
+from .known_failures import SIGNATURES, Signature
 
 # Lines that say nothing about where a log stopped: the shutdown that follows a kill (05 stops
 # what hangs), blank lines and bare process prefixes.
