@@ -9,7 +9,6 @@ from types import SimpleNamespace
 from sparkbook.collectives import sweep as collectives
 from sparkbook import notebook
 from sparkbook.record import report
-from sparkbook.cli import main
 from sparkbook.distribution.image import ImageOutcome, Transfer
 from sparkbook.params import load
 from sparkbook.nodes.remote import Cluster
@@ -77,11 +76,12 @@ def test_a_sweep_that_stopped_fails_where_and_a_container_left_fails_the_cleanup
     assert found["cleanup"].node == "spark-2" and found["cleanup"].remedy.startswith("docker rm -f ")
 
 
-def test_sweep_on_the_lab_through_the_notebook(lab, tmp_path):
-    """Both sweeps in one run: small messages (8 B-64 KiB, reported, not judged: the lab sets no
-    latency bar) then bandwidth, judged at its plateau."""
-    out = tmp_path / "run"
-    assert main(["run", "-p", str(LAB), "--steps", "02", "--out", str(out)]) == 0
+def test_sweep_on_the_lab_through_the_notebook(full_run):
+    """Both sweeps in one run of 02 (the README's runbook on the lab, tests/conftest.py's
+    ``full_run``, whose collectives settings are parameters/lab.yaml's): small messages (8 B-64 KiB,
+    reported, not judged: the lab sets no latency bar) then bandwidth, judged at its plateau."""
+    out, summary = full_run
+    assert {s["name"]: s["status"] for s in summary["steps"]}["02_collectives"] == "passed", summary
     data = json.loads((out / "collectives.json").read_text())
     rows, small = data["result"]["rows"], data["result"]["latency"]
     assert data["backend"] == "gloo" and data["result"]["world_size"] == 2

