@@ -263,4 +263,22 @@ def test_ctrl_c_during_a_fan_out_returns_at_once_and_stops_the_commands(ssh_node
         assert time.monotonic() - start < 5
     finally:
         signal.signal(signal.SIGINT, previous)
-    assert _wait_for("slee[p] 43.5", running=False), "the commands ran on after Ctrl-C"
+    # the command itself (the guard's own shells carry its line in their arguments for a few seconds
+    # more: they end after KILL_GRACE_S)
+    assert _wait_for("^slee[p] 43[.]5$", running=False), "the commands ran on after Ctrl-C"
+
+
+def test_a_dropped_connection_is_never_opened_again(ssh_nodes):
+    """fabric's run opens a closed connection by itself: a command sent on a connection that Ctrl-C
+    dropped a moment before would run on a new one nobody drops. It raises instead, and the next
+    command gets a connection of its own."""
+    from sparkbook.nodes.remote import Dropped, drop
+    node, ssh = ssh_nodes.nodes()[0], ssh_nodes.ssh()
+    conn = connection(node, ssh)
+    assert conn.run("true", hide=True).ok
+    drop(node, ssh)
+    with pytest.raises(Dropped):
+        conn.run("sleep 41.5", hide=True)
+    assert not _wait_for("^slee[p] 41[.]5$", running=True, limit=2)
+    again = connection(node, ssh)
+    assert again is not conn and again.run("true", hide=True).ok

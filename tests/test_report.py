@@ -445,3 +445,24 @@ def test_the_report_keeps_every_status_colour_of_the_verdicts(preflight8, tmp_pa
         made = len(re.findall(rf"(?:background-)?color:\s*{re.escape(colour)}", shown))
         kept = len(re.findall(rf"(?:background-)?color:\s*{re.escape(colour)}", page))
         assert made and kept >= made, (colour, made, kept)
+
+
+def test_a_step_whose_kernel_never_started_still_gets_a_report(tmp_path):
+    """papermill saves the notebook of a step whose kernel did not answer in time without a
+    language_info (seen on a loaded machine: "Kernel didn't respond in 60 seconds"); the page takes
+    the language from a step whose kernel started, or none, and builds (it raised
+    NotebookValidationError from an empty language_info and ended `sparkbook run` with a traceback)."""
+    out = run_folder(tmp_path, Verdict("t", [Check("x", "a", PASS)]))
+    never = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import sparkbook as sb")])
+    nbformat.write(never, out / "00_inventory.ipynb")
+    summary = json.loads((out / "summary.json").read_text())
+    summary["steps"].insert(0, {"step": 0, "name": "00_inventory", "notebook": "00_inventory.ipynb",
+                                "status": "failed", "duration_s": 61.3,
+                                "error": "RuntimeError: Kernel didn't respond in 60 seconds"})
+    (out / "summary.json").write_text(json.dumps(summary))
+    page = report.build(out).read_text()
+    assert re.search(r"Kernel didn(&#x27;|&#39;|')t respond in 60 seconds", page)
+    (out / "01_preflight.ipynb").unlink()  # no step's kernel started: no language at all
+    summary["steps"] = summary["steps"][:1]
+    (out / "summary.json").write_text(json.dumps(summary))
+    assert "00_inventory" in report.build(out).read_text()

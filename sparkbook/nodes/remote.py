@@ -124,6 +124,28 @@ def _expand(path: str) -> str:
     return str(p if p.is_absolute() else project_root() / p)
 
 
+class _Connection(Connection):
+    """fabric's Connection that never opens again once closed. fabric's ``run`` opens a closed
+    connection by itself: a thread about to run its command when Ctrl-C's :func:`drop` closed the
+    connection would open a new one that nobody drops, and the command would run on the node to
+    its time limit (seen on a loaded machine). Closed, it raises :class:`Dropped` instead."""
+
+    dropped = False
+
+    def open(self):
+        if self.dropped:
+            raise Dropped(f"ssh {self.host}: the connection was closed (interrupted): not opened again")
+        return super().open()
+
+    def close(self):
+        self.dropped = True
+        return super().close()
+
+
+class Dropped(ConnectionError):
+    """A command on a connection that was closed under it (Ctrl-C, :func:`close_all`)."""
+
+
 _connections: dict[tuple, Connection] = {}
 _connections_lock = threading.Lock()
 
@@ -155,7 +177,7 @@ def connection(node: Node, ssh: SSH) -> Connection:
     kwargs: dict = {"banner_timeout": ssh.connect_timeout, "auth_timeout": ssh.connect_timeout}
     if node.key:
         kwargs["key_filename"] = [_expand(node.key)]
-    conn = Connection(
+    conn = _Connection(
         node.host, user=node.user, port=node.port, connect_timeout=ssh.connect_timeout,
         connect_kwargs=kwargs, config=Config(overrides={"run": {"in_stream": False}}),
         forward_agent=ssh.forward_agent,  # given, so that ~/.ssh/config's ForwardAgent is not used

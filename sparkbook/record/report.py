@@ -180,8 +180,10 @@ def merged(run_dir: str | Path) -> tuple[nbformat.NotebookNode, dict]:
         nb.cells.append(_html(_step_head(s, folder.unreadable.get(runfolder.shown(s["notebook"])))))
         if book is None:
             continue
-        nb.metadata.setdefault("kernelspec", book.metadata.get("kernelspec", {}))
-        nb.metadata.setdefault("language_info", book.metadata.get("language_info", {}))
+        for key in ("kernelspec", "language_info"):  # from the first step whose kernel started
+            found = book.metadata.get(key)
+            if isinstance(found, dict) and found.get("name"):
+                nb.metadata.setdefault(key, found)
         for i, cell in enumerate(book.cells):
             cell["id"] = f"s{k}-{i}"  # unique, whatever the summary's step numbers
             nb.cells.append(_without_widgets(cell))

@@ -35,6 +35,10 @@ ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # the run fingerprint after the steps, where none took it: nodes that do not answer (a run that
 # failed at 00) keep the run no longer than this (and their SSH connect timeout)
 FINGERPRINT_TIMEOUT_S = 60
+# a step's kernel starting (Python, ipykernel): seconds when the machine is idle, but past
+# papermill's 60 s default on a 2-core machine busy with other kernels, where the step then failed
+# with "Kernel didn't respond in 60 seconds" before any of its cells ran (2026-12-03)
+KERNEL_START_S = 180
 
 
 @dataclass
@@ -213,7 +217,8 @@ def _steps(params: Params, params_path: Path, nb_dir: Path, chosen: list[Path], 
                 str(nb), str(run_dir / nb.name),
                 parameters={"params_file": str(params_path), "run_dir": str(run_dir)},
                 cwd=str(nb_dir), log_output=verbose, progress_bar=False, kernel_name=kernel_name,
-                execution_timeout=cell_timeout, report_mode=False, engine_name=engine.NAME,
+                execution_timeout=cell_timeout, start_timeout=KERNEL_START_S, report_mode=False,
+                engine_name=engine.NAME,
                 kernel_log=kernel_log, **stop.papermill_kwargs())
             rec.status = "passed"
         except Exception as e:  # the notebook failed: papermill already saved what it ran
