@@ -19,7 +19,6 @@ from sparkbook.distribution.image import ensure_image
 from sparkbook.book.errors import CheckFailed
 from sparkbook.lab import docker, faults, lab_params
 from sparkbook.params import load
-from sparkbook.nodes.remote import Cluster
 from sparkbook.facts.parsers import listener
 from sparkbook.runbook.runner import run
 from sparkbook.serving import deploy
@@ -49,14 +48,13 @@ def lab_file(path: Path, **serving) -> Path:
 
 
 @pytest.fixture
-def mp_file(lab, tmp_path):
+def mp_file(lab, cluster, tmp_path):
     """The lab's parameters with the mp executor; whatever the test left serving is torn down after
     it, passed or failed (a failed test's deployment would be kept by the next one's 05, or hold its
     port)."""
     path = lab_file(tmp_path / "lab-mp.yaml", executor="mp")
     yield path
     params = load(path)
-    cluster = Cluster.from_params(params)
     if any(s.containers for s in node_states(params, cluster).values()):
         teardown(params, cluster, tmp_path / "after")
 
