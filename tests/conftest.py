@@ -2,6 +2,7 @@ import os
 import re
 import shutil
 import socket
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,6 +42,28 @@ def pytest_collection_modifyitems(config, items):
             if item.path.name in FOUR_NODES:
                 item.add_marker(pytest.mark.four_nodes)
     items.sort(key=lambda item: item.get_closest_marker("four_nodes") is not None)  # stable
+
+
+def pytest_configure(config):
+    """The session's own sparkbook cache (sparkbook.book.project.user_cache), empty at its start
+    as on a fresh machine: the lab tests share it (the image inspections of one lab image), and
+    nothing of it reaches the user's ~/.cache. Set before any test, so that kernels and `sparkbook`
+    subprocesses inherit it (and xdist's workers the controller's)."""
+    if not os.environ.get("SPARKBOOK_CACHE"):
+        os.environ["SPARKBOOK_CACHE"] = config._sparkbook_cache = tempfile.mkdtemp(prefix="sparkbook-test-cache.")
+
+
+def pytest_unconfigure(config):
+    if made := getattr(config, "_sparkbook_cache", None):
+        shutil.rmtree(made, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def own_cache(request, monkeypatch):
+    """A test without the lab gets a sparkbook cache of its own (its fakes' image IDs are not
+    unique), made when it is first used."""
+    if request.node.get_closest_marker("lab") is None:
+        monkeypatch.setenv("SPARKBOOK_CACHE", os.path.join(os.environ["SPARKBOOK_CACHE"], request.node.nodeid))
 
 
 @pytest.fixture(autouse=True)

@@ -327,6 +327,72 @@ def test_a_fresh_inspection_is_written_with_the_images_identity_and_read_back(tm
     assert again.vllm == "0.17.0" and len(calls) == 3  # only the image's identity read again
 
 
+class Head:
+    """A head node for the inspection: its image's identity line, the inspection script's output
+    and the model's config.json; what was run on it, by kind."""
+
+    def __init__(self, inspect_line: str, config: str | None = '{"architectures": ["Qwen3ForCausalLM"]}',
+                 printed: str = 'INSPECT {"vllm": "0.17.0", "options": ["--port"], "architectures": '
+                                '["Qwen3ForCausalLM"], "model_architectures": ["Qwen3ForCausalLM"]}'):
+        self.inspect_line, self.config, self.printed, self.ran = inspect_line, config, printed, []
+        done = SimpleNamespace(ok=True, stdout="", summary=str, check=lambda *a, **k: None)
+        self.put = lambda *a, **k: done
+        self.run = lambda *a, **k: SimpleNamespace(values=lambda: [], check=lambda *a, **k: None)
+
+    def run_on(self, node, cmd, **k):
+        argv = cmd if isinstance(cmd, list) else [str(cmd)]
+        if argv[:3] == ["docker", "image", "inspect"]:
+            self.ran.append("identity")
+            return SimpleNamespace(ok=True, summary=str, stdout=self.inspect_line, stderr="")
+        if argv[0] == "head":
+            self.ran.append("config")
+            if self.config is None:
+                return SimpleNamespace(ok=False, summary=lambda: "exit 1", stdout="", stderr=(
+                    f"head: cannot open '{argv[-1]}' for reading: No such file or directory\n"))
+            return SimpleNamespace(ok=True, summary=str, stdout=self.config, stderr="")
+        self.ran.append("image")
+        return SimpleNamespace(ok=True, summary=str, stdout=self.printed, stderr="")
+
+
+def test_what_the_image_holds_is_read_once_per_image_id_and_the_model_every_time(tmp_path):
+    """The image half of an inspection (versions, options, architectures) is kept in the user's
+    cache by image ID: a run in another folder reads only the model's config.json, and sees a
+    changed model; another image, another runtime or a partial read starts the image again."""
+    params = load(LAB)
+    first = Head(line(CLASSIC))
+    info = inspection.inspect_image(params, first, tmp_path / "run-1")
+    assert first.ran == ["identity", "image"] and info.vllm == "0.17.0" and not info.reused
+
+    other_model = Head(line(CLASSIC), config='{"architectures": ["LlamaForCausalLM"]}')
+    again = inspection.inspect_image(params, other_model, tmp_path / "run-2")
+    assert other_model.ran == ["identity", "config"], other_model.ran
+    assert again.vllm == "0.17.0" and again.options == ["--port"] and "kept by image ID" in again.reused
+    assert again.model_architectures == ["LlamaForCausalLM"]  # read now, not from the cache
+    arch = {c.check: c for c in inspection.image_checks(params, again)}["model architecture"]
+    assert arch.status == "FAIL", arch  # the new model's architecture, judged against the kept list
+    assert "kept by image ID" in dict(inspection.image_table(again).rows)["read"]
+
+    no_model = Head(line(CLASSIC), config=None)
+    gone = inspection.inspect_image(params, no_model, tmp_path / "run-3")
+    assert gone.errors["model"].endswith("config.json: No such file or directory"), gone.errors
+    assert {c.check: c for c in inspection.image_checks(params, gone)}["model architecture"].status == "FAIL"
+
+    for head, p in [(Head(line(CONTAINERD)), params),  # the same content under another ID: inspected
+                    (Head(line(CLASSIC)), params.model_copy(update={"runtime": params.runtime.model_copy(
+                        update={"gpus": not params.runtime.gpus})}))]:
+        inspection.inspect_image(p, head, tmp_path / "run-4")
+        assert head.ran == ["identity", "image"], head.ran
+        (tmp_path / "run-4" / inspection.CACHE).unlink()
+
+    # a read that failed in part is not kept: the next run tries again
+    part = Head(line(CLASSIC, Id="sha256:" + "2" * 64),
+                printed='INSPECT {"vllm": "0.17.0", "options_error": "Timeout"}')
+    inspection.inspect_image(params, part, tmp_path / "run-5")
+    retry = Head(line(CLASSIC, Id="sha256:" + "2" * 64))
+    inspection.inspect_image(params, retry, tmp_path / "run-6")
+    assert retry.ran == ["identity", "image"]
+
+
 # ------------------------------------------------------------------------------------ on the lab
 
 def test_03_on_the_lab_keeps_a_worker_image_of_the_same_content_and_copies_a_changed_one(lab, params, cluster):

@@ -4,6 +4,7 @@ path, the runner's notebooks, the verdicts' links to steps)."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -27,3 +28,16 @@ def discover(notebooks_dir: Path) -> list[Path]:
 def step_notebooks() -> set[str]:
     """The stems of the project's numbered notebooks (``03_distribute_image``)."""
     return {p.stem for p in discover(project_root() / "notebooks")}
+
+
+def user_cache(name: str) -> Path:
+    """``$SPARKBOOK_CACHE/NAME``, by default ``$XDG_CACHE_HOME/sparkbook/NAME`` (``~/.cache``),
+    made private (0700): what this user's runs may reuse from one another, each entry keyed so that
+    it cannot be stale."""
+    root = Path(os.environ.get("SPARKBOOK_CACHE")
+                or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sparkbook")
+    path = root / name
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for d in (root, path):
+        d.chmod(0o700)
+    return path

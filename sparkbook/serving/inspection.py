@@ -4,12 +4,15 @@ architectures it supports; then the checks that the parameters ask for nothing i
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..book.project import user_cache
 from ..book.redact import mask
 from ..book.tables import Table, short_id
 from ..book.verdict import FAIL, PASS, WARN, Check
@@ -43,13 +46,16 @@ class ImageInfo:
     # -> the error that made it necessary
     stubbed: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
+    reused: str = ""  # where the image half was read from when it was not inspected again
 
 
 def inspect_image(params: Params, cluster: Cluster, run_dir: Path | None = None) -> ImageInfo:
     """Read the image on the head: versions, `vllm serve` options, supported architectures. Runs
     inside the image with the runtime's GPU flags (``vllm serve --help`` crashes in some images
     without GPU access); the result is kept in the run folder per image (the same by ID or by
-    content: :func:`same_image`) and model."""
+    content: :func:`same_image`) and model, and what depends on the image alone in this user's
+    cache by image ID (:func:`_kept`), so that the next run's 04 and 05 read only the model's
+    config.json instead of starting the image again (a minute on the lab's 2 cores)."""
     head = params.head
     ident = cluster.run_on(head, ["docker", "image", "inspect", "--format", INSPECT_FORMAT, "--",
                                   params.runtime.image])
@@ -65,6 +71,26 @@ def inspect_image(params: Params, cluster: Cluster, run_dir: Path | None = None)
         if old.pop("model", None) == params.model.path and same_image(found, seen)[0]:
             return ImageInfo(**{**old, "image_id": found.id})
     start = time.monotonic()
+    kept = _kept(params, found.id)
+    reused = _reuse(kept, info)
+    if reused:
+        _read_model(params, cluster, info)
+    elif not _inspect(params, cluster, info):
+        return info
+    info.seconds = time.monotonic() - start
+    if not reused:
+        _keep(kept, info)
+    if cache:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(mask(json.dumps({**asdict(info), "model": params.model.path, "identity": asdict(found)},
+                                         indent=2)) + "\n")
+    return info
+
+
+def _inspect(params: Params, cluster: Cluster, info: ImageInfo) -> bool:
+    """Run the inspection script in the image on the head, into ``info``; False when it printed
+    no result (said in ``info.errors``)."""
+    head = params.head
     workdir.prepare(params, cluster, [head])
     remote = f"{workdir.workdir(params, head)}/inspect_vllm.py"
     cluster.put(INSPECT_SCRIPT, remote, [head]).check("copy the inspection script")
@@ -76,19 +102,76 @@ def inspect_image(params: Params, cluster: Cluster, run_dir: Path | None = None)
     printed = re.search(r"^INSPECT (.*)$", r.stdout, re.M)
     if not printed:
         info.errors["inspect"] = f"{shown(run)} printed no result: {r.summary()}"
-        return info
+        return False
     data = json.loads(printed.group(1))
     for k in ("vllm", "ray", "torch", "transformers", "options", "options_from", "architectures",
               "model_architectures", "stubbed"):
         if data.get(k) is not None:
             setattr(info, k, data[k])
     info.errors.update({k[:-len("_error")]: v for k, v in data.items() if k.endswith("_error")})
-    info.seconds = time.monotonic() - start
-    if cache:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(mask(json.dumps({**asdict(info), "model": params.model.path, "identity": asdict(found)},
-                                         indent=2)) + "\n")
-    return info
+    return True
+
+
+# What the inspection reads from the image alone (not from the model), kept by image ID
+IMAGE_FIELDS = ("vllm", "ray", "torch", "transformers", "options", "options_from", "architectures", "stubbed")
+# the runtime settings the inspection's container runs under (they decide whether the engine
+# imports, and so what was read stubbed)
+RUN_FIELDS = {"gpus", "shm_size", "privileged", "rdma", "entrypoint", "docker_args"}
+CONFIG_MAX = 1 << 20  # bytes of a model's config.json read back
+
+
+def _kept(params: Params, image_id: str) -> Path:
+    """This user's cache entry for what ``image_id`` holds, as inspected under the parameters'
+    runtime by this version of the inspection script. An image ID is a digest of the image's
+    content, so the entry cannot go stale; a changed script or runtime is another entry."""
+    key = hashlib.sha256(json.dumps([image_id, params.runtime.model_dump(mode="json", include=RUN_FIELDS),
+                                     hashlib.sha256(INSPECT_SCRIPT.read_bytes()).hexdigest()],
+                                    sort_keys=True).encode()).hexdigest()
+    return user_cache("image-inspections") / f"{key[:32]}.json"
+
+
+def _reuse(kept: Path, info: ImageInfo) -> bool:
+    """``info`` filled from the cache entry ``kept``; False when there is none that can be read."""
+    try:
+        data = json.loads(kept.read_text())
+        fields = {k: data[k] for k in IMAGE_FIELDS}
+        when = float(data["inspected_at"]), float(data["seconds"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    for k, v in fields.items():
+        setattr(info, k, v)
+    info.reused = (f"kept by image ID: inspected {time.strftime('%Y-%m-%d %H:%M', time.localtime(when[0]))} "
+                   f"in {when[1]:.0f} s")
+    return True
+
+
+def _keep(kept: Path, info: ImageInfo) -> None:
+    """Write ``info``'s image half to ``kept`` (whole or not at all); a read that failed in part
+    (a time limit on a busy node may be why) is not kept, nor is a cache that cannot be written."""
+    if set(info.errors) - {"model"}:
+        return
+    data = {**{k: getattr(info, k) for k in IMAGE_FIELDS}, "image_id": info.image_id,
+            "inspected_at": time.time(), "seconds": info.seconds}
+    tmp = kept.with_suffix(f".{os.getpid()}.tmp")
+    try:
+        tmp.write_text(mask(json.dumps(data)) + "\n")
+        os.replace(tmp, kept)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def _read_model(params: Params, cluster: Cluster, info: ImageInfo) -> None:
+    """The architectures in the model's config.json on the head (what the inspection script reads
+    in the image, read here without starting it)."""
+    cfg = f"{params.model.path}/config.json"
+    r = cluster.run_on(params.head, ["head", "-c", str(CONFIG_MAX), "--", cfg], timeout=30)
+    if not r.ok:
+        info.errors["model"] = f"{cfg}: {(r.stderr.strip().splitlines() or [r.summary()])[-1].rsplit(': ', 1)[-1]}"
+        return
+    try:
+        info.model_architectures = json.loads(r.stdout).get("architectures") or []
+    except (ValueError, AttributeError):
+        info.errors["model"] = f"{cfg}: not a JSON object"
 
 
 def configured_options(params: Params) -> list[str]:
@@ -172,6 +255,7 @@ def image_table(info: ImageInfo) -> Table:
             ["serve options", f"{len(info.options)} (from {info.options_from})"],
             ["supported architectures", len(info.architectures)],
             ["model architectures", ", ".join(info.model_architectures)]]
+    rows += [["read", info.reused or f"from the image, in {info.seconds:.0f} s"]]
     rows += [[f"{k} read with the platform stubbed", why] for k, why in info.stubbed.items()]
     rows += [[f"not read: {k}", why] for k, why in info.errors.items()]
     return Table(["", "value"], rows, title="the serving image")
