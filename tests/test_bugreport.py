@@ -60,7 +60,7 @@ def report(tmp_path, canary, monkeypatch):  # noqa: F811
     fake_tools(tmp_path, monkeypatch, docker=DOCKER, ps=PS)
     raylet = tmp_path / "ray" / "session_latest" / "logs" / "raylet.out"
     serve = tmp_path / "vllm-serve.log"
-    monkeypatch.setattr(bugreport, "serve_log", lambda params, node: str(serve))
+    monkeypatch.setattr(bugreport.workdir, "serve_log", lambda params, node: str(serve))
 
     def collected(log: str = "INFO started") -> dict[str, bytes]:
         monkeypatch.setenv("FAKE_LOG", log)

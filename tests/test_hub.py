@@ -21,7 +21,7 @@ from sparkbook.distribution.image import ImageOutcome
 from sparkbook.distribution.model import ModelOutcome, manifests
 from sparkbook.lab.hubserver import HubServer
 from sparkbook.params import load, validate
-from sparkbook.serving.commands import secrets_path
+from sparkbook.nodes.workdir import secrets_path
 from sparkbook.nodes.remote import Cluster
 from sparkbook.scripts.hub_download import STATE, _SameOriginAuth, parse_line
 from sparkbook.steps import distribute as step

@@ -165,3 +165,32 @@ def test_the_layer_rules_see_a_climbing_import():
         "sparkbook.book.verdict"]
     code = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..params import Params\nimport os\n"
     assert [type(n).__name__ for n in type_only(ast.parse(code)) if isinstance(n, ast.ImportFrom)] == ["ImportFrom"]
+
+
+# The serving plan's builders (sparkbook/serving/commands.py): what names, starts or fingerprints
+# a serving container. Only the plan calls them; everything else reads the plan.
+BUILDERS = {"container_name", "ray_container", "serving_container", "container_command", "ray_serve_command",
+            "fingerprint", "serve_args", "ray_args", "watched_nodes", "groups", "held_secrets", "mounts",
+            "container_env", "serve_env"}
+PLANNERS = {"sparkbook.serving.commands", "sparkbook.serving.plan"}
+
+
+def builder_uses(mod: str, source: str) -> list[str]:
+    """Where ``source`` (module ``mod``) takes a builder from serving/commands.py: imported by
+    name, or read as an attribute of the module."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[-1] == "commands":
+            found += [f"{mod}: imports {a.name}" for a in node.names if a.name in BUILDERS]
+        elif (isinstance(node, ast.Attribute) and node.attr in BUILDERS and isinstance(node.value, ast.Name)
+              and node.value.id == "commands"):
+            found.append(f"{mod}: calls commands.{node.attr}")
+    return found
+
+
+def test_only_the_serving_plan_builds_container_names_commands_and_fingerprints():
+    found = [u for p in PKG.rglob("*.py") if module_name(p) not in PLANNERS
+             for u in builder_uses(module_name(p), p.read_text())]
+    assert not found, "read these from sparkbook.serving.plan instead:\n" + "\n".join(found)
+    planted = "from ..serving.commands import api_key, container_name\nfrom . import commands\ncommands.serve_args(p, n)\n"
+    assert builder_uses("m", planted) == ["m: imports container_name", "m: calls commands.serve_args"]

@@ -174,6 +174,8 @@ def test_failures_raise_once_per_kind_with_the_remedy():
         v.raise_for_failures()
     assert str(e.value).splitlines() == ["t: 3 check(s) failed", "- FAIL disk on all 3 nodes: 1 GB free "
                                          "(expected 100 GB)", "  remedy: free some space"]
+    # the error carries its verdict: whoever catches it reads the rows, not the text
+    assert e.value.verdict is v and [c.node for c in e.value.verdict.failures] == ["a", "b", "c"]
 
 
 def test_a_cell_marks_the_worst_status_and_how_many_share_it():

@@ -22,7 +22,8 @@ from sparkbook.params import ParamsError, load, validate
 from sparkbook.facts.parsers import parse_sections
 from sparkbook.book.redact import MASK
 from sparkbook.nodes.remote import Cluster
-from sparkbook.serving import commands, deploy, startup, state
+from sparkbook.nodes import workdir
+from sparkbook.serving import commands, deploy, plan, startup, state
 from sparkbook.serving.inspection import ImageInfo, configured_options, image_checks, image_table
 from sparkbook.serving.state import node_states
 from sparkbook.serving.teardown import teardown
@@ -142,7 +143,7 @@ def test_odd_values_stay_one_argument_and_secrets_never_appear(monkeypatch):
     assert shlex.split(inner[-1].split(" > ")[0])[-4:] == odd
     assert env_of(cmd)["WEIRD"] == "it's \"quoted\" $HOME"
     assert cmd[cmd.index("--env-file") + 1] == "/tmp/sparkbook-nvidia/dgx-spark-pair/secrets.env"
-    rendered = commands.commands_table(p).to_text() + commands.commands_table(p)._repr_html_()
+    rendered = plan.commands_table(p).to_text() + plan.commands_table(p)._repr_html_()
     assert CANARY not in rendered and CANARY not in json.dumps(cmd)
     assert commands.shown(["echo", CANARY]) == f"echo {MASK}"
     with_canary = commands.fingerprint(p, p.head, True)
@@ -584,7 +585,7 @@ def test_teardown_keeps_the_logs_then_removes_only_this_deployments_containers(d
     from sparkbook.steps import teardown as step
     docker_of(**{"sparkbook-localhost-vllm": "localhost", "sparkbook-other-vllm": "other"})
     local = local_params("mp")
-    secrets = Path(commands.secrets_path(local, local.head))
+    secrets = Path(workdir.secrets_path(local, local.head))
     secrets.parent.mkdir(parents=True)
     secrets.write_text("HF_TOKEN=x\n")
     out = teardown(local, Cluster.from_params(local), tmp_path / "run")
@@ -636,7 +637,7 @@ def test_a_subset_serves_and_a_node_outside_it_in_the_ray_cluster_fails():
     d = lab_params(4)
     d["serving"].update(nodes=["spark-1", "spark-3"], pipeline_parallel_size=1)
     p = validate(d)
-    table = commands.commands_table(p)
+    table = plan.commands_table(p)
     assert [row[0] for row in table.rows] == ["spark-1", "spark-3", "spark-1"]  # Ray x2, then vllm serve
     rec = lambda ip: {"ip": ip, "alive": True, "resources": {"CPU": 2, "GPU": 1}}  # noqa: E731
     rc = RayCluster(nodes={"spark-1": rec("10.77.1.11"), "spark-3": rec("10.77.1.13"), "spark-2": rec("10.77.1.12")})
@@ -694,8 +695,8 @@ def test_the_api_key_reaches_vllm_through_the_secrets_file_only(monkeypatch):
         assert commands.secrets(p, False)["VLLM_API_KEY"] == key
         assert "VLLM_API_KEY" not in commands.secrets(p, True, "ray-token")  # Ray's containers: no key
         cmd = commands.ray_serve_command(p) if executor == "ray" else commands.container_command(p, p.head)
-        assert cmd[cmd.index("--env-file") + 1] == commands.secrets_path(p, p.head)
-        shown = commands.commands_table(p).to_text() + json.dumps(cmd)
+        assert cmd[cmd.index("--env-file") + 1] == workdir.secrets_path(p, p.head)
+        shown = plan.commands_table(p).to_text() + json.dumps(cmd)
         assert key not in shown and "--api-key" not in shown
     from sparkbook.book.redact import mask
     assert mask(f"key: {key}") == f"key: {MASK}"  # masked once read, whatever the variable's name
@@ -745,7 +746,7 @@ def test_secrets_go_through_a_private_file_removed_after_the_start(docker_of, mo
     seen = (tmp_path / "env-file-seen").read_text()
     assert f"HF_TOKEN={hf}\n" in seen and f"VLLM_API_KEY={key}\n" in seen
     assert (tmp_path / "env-file-mode").read_text().strip() == "600"
-    assert not Path(commands.secrets_path(local, local.head)).exists()
+    assert not Path(workdir.secrets_path(local, local.head)).exists()
     said = docker_of.calls.read_text()
     assert hf not in said and key not in said and "--env-file" in said
     state.start(local, cluster, local.nodes, ray=True, say=lambda *_: None)

@@ -15,4 +15,10 @@ class SparkbookError(Exception):
 
 
 class CheckFailed(SparkbookError):
-    """One or more checks of a notebook failed."""
+    """One or more checks of a notebook failed. ``verdict``: the step's verdict when the failure
+    is one (:meth:`~sparkbook.book.verdict.Verdict.raise_for_failures`), for whoever catches it to
+    read its rows; None for a failure outside any verdict (a node that refused a command)."""
+
+    def __init__(self, message: str, verdict: object | None = None):
+        super().__init__(message)
+        self.verdict = verdict

@@ -329,4 +329,4 @@ class Verdict:
         bad = self.failures
         if bad:
             raise CheckFailed("\n".join([f"{self.title}: {len(bad)} check(s) failed",
-                                         *self.details_text(self.details([FAIL]))]))
+                                         *self.details_text(self.details([FAIL]))]), verdict=self)

@@ -25,10 +25,11 @@ from ..book.tables import human_bytes
 from ..book.verdict import FAIL, PASS, SKIP, Check
 from ..nodes.remote import Cluster
 from ..nodes.shell import SCRIPTS, command_line, sh
+from ..nodes import workdir
 from ..nodes.workdir import prepare as prepare_workdir
 from ..params import Params
 from ..scripts.hub_download import parse_line
-from ..serving.commands import secrets_path, token
+from ..serving.commands import token
 from ..serving.containers import deployment_label, hf_env, named, owner_label, secrets_file, with_entrypoint
 from ..serving.state import remove
 from .lines import Lines
@@ -128,7 +129,7 @@ def fetch_model(params: Params, cluster: Cluster, say: Say = print, show: bool =
         out.command = f"mkdir -p -- {shlex.quote(m.path)}"
         return out
     secret = token(params)
-    env_file = secrets_path(params, head) if secret else None
+    env_file = workdir.secrets_path(params, head) if secret else None
     program = SCRIPT.read_text()
     cmd = download_command(params, user, env_file, program)
     out.command = shown(cmd, program)
@@ -137,7 +138,7 @@ def fetch_model(params: Params, cluster: Cluster, say: Say = print, show: bool =
     try:
         if secret:
             prepare_workdir(params, cluster, [head])
-        with (secrets_file(cluster, [head], secrets_path(params, head), hf_env(secret)),
+        with (secrets_file(cluster, [head], workdir.secrets_path(params, head), hf_env(secret)),
               Progress(f"{m.name} from {out.endpoint or 'the hub'}") as progress):
             def each(line: str) -> None:
                 got = parse_line(line)

@@ -46,7 +46,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Callable
 
-from ..serving.commands import container_name
+from ..serving.plan import plan
 from .lab import Lab
 from .nodes import FABRIC_MTU, FABRIC_NS, FAULTS, MGMT_IF, PREFIX, RAILS, LabError, LabNode, docker, sh
 
@@ -202,7 +202,8 @@ def _model_back(s: Site) -> None:
 
 
 def _stall(s: Site) -> None:
-    s.rec["pids"] = _vllm_pids(s.node, container_name(s.params, False), container_name(s.params, True))
+    p = plan(s.params)
+    s.rec["pids"] = _vllm_pids(s.node, p.serve_container, p.ray_container)
     if not s.rec["pids"]:
         raise LabError(f"{s.node.name}: no vLLM process to freeze (apply `stall` once 05 has started vLLM)")
     s.lab.node_sh(s.node, shlex.join(["kill", "-STOP", *map(str, s.rec["pids"])]))
@@ -215,7 +216,8 @@ def _unstall(s: Site) -> None:
 
 def _cpu_quota(s: Site) -> None:
     s.rec["containers"] = {}  # each container's own limit kept, to give back
-    for name in (container_name(s.params, False), container_name(s.params, True)):
+    p = plan(s.params)
+    for name in (p.serve_container, p.ray_container):
         r = docker(s.node, "inspect", "--format", "{{.HostConfig.NanoCpus}}", name, check=False)
         if r.returncode == 0:
             docker(s.node, "update", "--cpus", str(QUOTA_CPUS), name)

@@ -32,6 +32,16 @@ def logs(params: Params, node: Node) -> str:
     return f"{workdir(params, node)}/logs"
 
 
+def secrets_path(params: Params, node: Node) -> str:
+    """The secrets env file on ``node`` (mode 600; removed once the containers run)."""
+    return f"{workdir(params, node)}/secrets.env"
+
+
+def serve_log(params: Params, node: Node) -> str:
+    """Ray executor: vllm serve's output in the head's Ray container, in the mounted logs folder."""
+    return f"{logs(params, node)}/vllm-serve.log"
+
+
 def prepare(params: Params, cluster: Cluster, nodes: list[Node] | None = None) -> None:
     """Make (or check) the working folder on ``nodes`` (all by default). Raises
     :class:`~sparkbook.book.errors.CheckFailed` naming each node where it is refused and why."""

@@ -8,7 +8,7 @@ from typing import Iterator
 from ..book.verdict import FAIL, PASS, SKIP, WARN, Check, run_step
 from ..facts.parsers import listener
 from ..params import Params
-from ..serving.commands import container_name
+from ..serving.plan import plan
 from .collect import CLOCK_READS, Preflight
 
 SKEW_WARN_S, SKEW_FAIL_S = 0.5, 2.0
@@ -27,7 +27,8 @@ def sameness(params: Params, pf: Preflight) -> Iterator[Check]:
 
 def gpus(params: Params, pf: Preflight) -> Iterator[Check]:
     """Per node: the GPUs, the memory for the model and nothing left holding GPU memory."""
-    e = params.expectations
+    e, planned = params.expectations, plan(params)
+    ours = (planned.serve_container, planned.ray_container)
     for node in pf.up(params):
         d = pf.nodes[node.name]
         f, smi = d["facts"], d["smi"]
@@ -56,7 +57,7 @@ def gpus(params: Params, pf: Preflight) -> Iterator[Check]:
         holders = [f"{p['pid']} {p['name']} {p['memory_mib']}MiB" for p in (smi or {}).get("processes", [])
                    if p["type"] == "C"]
         running = [c for c in d["containers"] if len(c) >= 2 and (
-            c[0] in (container_name(params, False), container_name(params, True)) or c[1] == params.runtime.image)]
+            c[0] in ours or c[1] == params.runtime.image)]
         found = holders + [f"container {c[0]} ({c[1]})" for c in running] + d["processes"][:3]
         yield Check("stale processes", node.name, FAIL if found else PASS,
                     "; ".join(found)[:300] if found else "no vLLM, Ray or serving container running",

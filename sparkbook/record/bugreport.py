@@ -46,11 +46,12 @@ from ..book.redact import NAMES, mask, text_files
 from ..book.tables import Table
 from ..facts import inventory
 from ..facts.parsers import parse_sections
+from ..nodes import workdir
 from ..nodes.remote import Cluster
 from ..nodes.shell import Bundle, bundle, script
 from ..params import Node, Params, load
-from ..serving.commands import RAY_AUTH, container_env, ray_container, serve_log
 from ..serving.containers import deployment_label, owner_label
+from ..serving.plan import plan
 from ..version import __version__
 from . import folder as runfolder
 from .fingerprint import VERSIONS_PY, versions
@@ -117,7 +118,7 @@ def node_bundle(params: Params, node: Node) -> Bundle:
         ("inventory", inventory.node_script(params)),
         ("host", script("host_state.sh", *(r.interface for r in node.rails))),
         ("bug report", script("bug_report.sh", deployment_label(params), owner_label(node), NAMES.pattern,
-                              "|".join(FABRIC_PREFIXES), ray_container(params), serve_log(params, node),
+                              "|".join(FABRIC_PREFIXES), plan(params).ray_container, workdir.serve_log(params, node),
                               *runtime, VERSIONS_PY.read_text())))
 
 
@@ -138,9 +139,10 @@ def fabric_vars(env: dict[str, str] | list[str]) -> dict[str, str]:
 
 
 def environment(params: Params, node: Node, sections: dict[str, str]) -> dict:
-    """The NCCL environment on ``node``: what sparkbook sets in its containers, what the image
-    carries, what each container of this deployment carries."""
-    return {"set by sparkbook": fabric_vars({**container_env(params, node), **RAY_AUTH}),
+    """The NCCL environment on ``node``: what sparkbook sets in its containers (none on a node
+    outside serving.nodes), what the image carries, what each container of this deployment carries."""
+    planned = plan(params).nodes.get(node.name)
+    return {"set by sparkbook": fabric_vars(planned.ray.env if planned else {}),
             "image": fabric_vars(sections.get("image env", "").splitlines()),
             "containers": {k[len("container env "):]: fabric_vars(v.splitlines())
                            for k, v in sections.items() if k.startswith("container env ")}}

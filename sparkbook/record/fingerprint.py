@@ -59,7 +59,8 @@ from ..nodes.remote import Cluster
 from ..nodes.shell import SCRIPTS, Bundle, bundle, script
 from ..params import Node, Params, secrets_written
 from ..preflight.host_state import parse_host_state
-from ..serving.commands import serve_args, serving_container, shown
+from ..serving.commands import shown
+from ..serving.plan import plan
 from ..serving.containers import deployment_label, owner_label
 from ..serving.inspection import CACHE as INSPECTION
 from ..version import __version__
@@ -270,7 +271,7 @@ def node_bundle(params: Params, node: Node) -> Bundle:
     if node.role != "head":
         return bundle(host, ("fingerprint", script("fingerprint.sh")))
     image = params.runtime.image or ""
-    return bundle(host, ("fingerprint", script("fingerprint.sh", image, INSPECT_FORMAT, serving_container(params),
+    return bundle(host, ("fingerprint", script("fingerprint.sh", image, INSPECT_FORMAT, plan(params).serving_container,
                                                deployment_label(params), owner_label(node), VERSIONS_PY.read_text())),
                   ("model", manifest_script(params.model.path, hash_all=False)))
 
@@ -374,7 +375,8 @@ def model(params: Params, manifest_text: str | None, distribution: Path) -> dict
 def serving(params: Params) -> dict[str, Any]:
     """vllm serve's options on the head without this machine's own values (``flags``), the serving
     environment without its secrets (``env``), and the whole command as shown (``command``)."""
-    args = serve_args(params, params.head)[3:]  # past "vllm serve MODEL_PATH"
+    command = plan(params).nodes[params.head.name].serve_args
+    args = command[3:]  # past "vllm serve MODEL_PATH"
     flags, skip = [], False
     for a in args:
         if skip:
@@ -385,7 +387,7 @@ def serving(params: Params) -> dict[str, Any]:
             flags.append(mask(a))
     hidden = secrets_written(params)
     return {"flags": flags, "env": {k: mask(v) for k, v in params.serving.env.items() if k not in hidden},
-            "command": shown(serve_args(params, params.head))}
+            "command": shown(command)}
 
 
 def layout(params: Params) -> dict[str, Any]:

@@ -1,6 +1,7 @@
-"""The commands that start the serving containers, as argument lists: ``ray start`` and
-``vllm serve`` in the serving image, the ``docker run`` around them, and the fingerprint each
-container carries (a change means a restart).
+"""The builders of the commands that start the serving containers, as argument lists: ``ray
+start`` and ``vllm serve`` in the serving image, the ``docker run`` around them, and the fingerprint
+each container carries (a change means a restart). They are called by the serving plan
+(:mod:`sparkbook.serving.plan`) and nothing else: the rest of sparkbook reads the plan.
 
 Executor ``ray``: one Ray container per node (head first, workers join on its fabric address), then
 ``vllm serve --distributed-executor-backend ray`` inside the head's container. Executor ``mp``: one
@@ -17,7 +18,6 @@ import os
 import socket
 
 from ..book.redact import mask
-from ..book.tables import Table
 from ..nodes import workdir
 from ..nodes.remote import ssh_target
 from ..nodes.shell import command_line
@@ -47,16 +47,6 @@ LOOPBACK = ("127.0.0.1", "::1", "localhost")
 def ray_container(params: Params) -> str:
     """The Ray container of this deployment, on every serving node."""
     return named(params, "ray")
-
-
-def secrets_path(params: Params, node: Node) -> str:
-    """The secrets env file on ``node`` (mode 600; removed once the containers run)."""
-    return f"{workdir.workdir(params, node)}/secrets.env"
-
-
-def serve_log(params: Params, node: Node) -> str:
-    """Ray executor: vllm serve's output in the head's Ray container, in the mounted logs folder."""
-    return f"{workdir.logs(params, node)}/vllm-serve.log"
 
 
 def management_address(node: Node) -> str:
@@ -209,7 +199,7 @@ def container_command(params: Params, node: Node, ray: bool | None = None) -> li
     has_secrets = ray or bool(secrets(params, False))  # a Ray container always gets Ray's token
     return docker_run(params, node, container_name(params, ray), inner, env=env,
                       mounts=mounts(params, node), labels=labels,
-                      env_file=secrets_path(params, node) if has_secrets else None)
+                      env_file=workdir.secrets_path(params, node) if has_secrets else None)
 
 
 def fingerprint(params: Params, node: Node, ray: bool) -> str:
@@ -231,8 +221,8 @@ def ray_serve_command(params: Params) -> list[str]:
     fingerprint in its environment (read back by :func:`sparkbook.serving.deploy.serving_fingerprint`),
     its secrets (the API key) from the secrets file, written for the start."""
     head = params.head
-    inner = command_line(serve_args(params, head)) + f" > {serve_log(params, head)} 2>&1"
-    env_file = ["--env-file", secrets_path(params, head)] if secrets(params, False) else []
+    inner = command_line(serve_args(params, head)) + f" > {workdir.serve_log(params, head)} 2>&1"
+    env_file = ["--env-file", workdir.secrets_path(params, head)] if secrets(params, False) else []
     return ["docker", "exec", "-d", "-e", f"{SERVE_FP}={fingerprint(params, head, False)}", *env_file,
             ray_container(params), "bash", "-c", inner]
 
@@ -258,18 +248,3 @@ def groups(nodes: list[Node], ray: bool) -> list[list[Node]]:
 def shown(cmd: list[str] | str) -> str:
     """A command as a person may copy it: quoted, with any secret value masked."""
     return mask(command_line(cmd))
-
-
-def commands_table(params: Params, ray_only: bool = False) -> Table:
-    """The exact commands, node by node, for a person to rerun by hand (secrets masked)."""
-    rows = []
-    if params.serving.executor == "ray" or ray_only:
-        for n in params.serving_nodes:
-            rows.append([n.name, "Ray container", shown(container_command(params, n, ray=True))])
-        if not ray_only:
-            rows.append([params.head.name, "vllm serve", shown(ray_serve_command(params))])
-    else:
-        for group in groups(params.serving_nodes, ray=False):
-            rows += [[n.name, "vllm serve container", shown(container_command(params, n, ray=False))]
-                     for n in group]
-    return Table(["node", "what", "command"], rows, title="commands", max_width=4000)

@@ -25,11 +25,11 @@ from ..nodes import workdir
 from ..nodes.remote import Cluster
 from ..nodes.shell import script
 from ..params import Params
-from .commands import (ENGINE_PATTERN, SERVE_FP, SERVE_PATTERN, api_key, fingerprint, ray_container,
-                       ray_serve_command, secrets, secrets_path, serving_container, watched_nodes)
+from .commands import ENGINE_PATTERN, SERVE_FP, SERVE_PATTERN, api_key, secrets
 from .containers import secrets_file
 from .listeners import Listener, read_listeners
 from .logs import Diagnosis, collect_logs, diagnose
+from .plan import plan
 from .ray import ray_nodes
 from .startup import ORDER, Stall, StallWatch, read_progress
 from .state import NodeState, node_states, port_conflicts, remove, require_image, start
@@ -72,8 +72,7 @@ def serve(params: Params, cluster: Cluster, run_dir: Path, say: Callable[[str], 
     ``states``: :func:`node_states` just read (05's gate reads them first), else read here."""
     t0 = time.monotonic()
     require_key(params)
-    dep = Deployment(fingerprints={n.name: fingerprint(params, n, False) for n in watched_nodes(params)},
-                     executor=params.serving.executor)
+    dep = Deployment(fingerprints=plan(params).serve_fingerprints(), executor=params.serving.executor)
     states = states or node_states(params, cluster)
     bad = [f"{n}: {s.error}" for n, s in states.items() if s.error]
     if bad:
@@ -84,7 +83,7 @@ def serve(params: Params, cluster: Cluster, run_dir: Path, say: Callable[[str], 
         if health.ready:
             dep.action, dep.ready, dep.models, dep.seen = "kept", True, health.models, "healthy, unchanged"
             record_ray_workers(params, cluster, dep)
-            dep.listeners, dep.secrets = read_listeners(params, cluster, params.serving_nodes)
+            dep.listeners, dep.secrets = read_listeners(params, cluster)
             dep.seconds = time.monotonic() - t0
             say(f"vLLM is already serving {', '.join(health.models)} and matches the parameters: nothing changed")
             return dep
@@ -93,7 +92,7 @@ def serve(params: Params, cluster: Cluster, run_dir: Path, say: Callable[[str], 
     if running:
         say("replacing the running deployment (parameters changed or it is not healthy); its logs go "
             "to the run folder first")
-        collect_logs(params, cluster, run_dir, [serving_container(params)], tag="previous")
+        collect_logs(params, cluster, run_dir, [plan(params).serving_container], tag="previous")
         remove_serving(params, cluster)
         states = node_states(params, cluster)
     dep.conflicts = port_conflicts(params, states)
@@ -112,7 +111,7 @@ def serve(params: Params, cluster: Cluster, run_dir: Path, say: Callable[[str], 
             dep.cleanup_seconds = time.monotonic() - t1
     record_ray_workers(params, cluster, dep)
     if dep.ready:
-        dep.listeners, dep.secrets = read_listeners(params, cluster, params.serving_nodes)
+        dep.listeners, dep.secrets = read_listeners(params, cluster)
     dep.seconds = time.monotonic() - t0
     return dep
 
@@ -143,7 +142,7 @@ def what_runs(params: Params, cluster: Cluster, states: dict[str, NodeState],
     if params.serving.executor == "ray":
         now = serving_fingerprint(params, cluster)
         return now is not None, now == fingerprints[params.head.name]
-    name = serving_container(params)
+    name = plan(params).serving_container
     on = {n for n, s in states.items() if name in s.containers}
     return bool(on), on == set(fingerprints) and all(states[n].current(name, fp) for n, fp in fingerprints.items())
 
@@ -154,7 +153,7 @@ def vllm_running(params: Params, cluster: Cluster, states: dict[str, NodeState])
     killer ended, does not count: it holds no memory)."""
     if params.serving.executor == "ray":
         return serving_fingerprint(params, cluster) is not None
-    name = serving_container(params)
+    name = plan(params).serving_container
     return any(states[n.name].running(name) for n in params.serving_nodes if n.name in states)
 
 
@@ -164,13 +163,14 @@ def start_serving(params: Params, cluster: Cluster, states: dict[str, NodeState]
     if params.serving.executor != "ray":
         start(params, cluster, params.serving_nodes, False, say=say)
         return
-    if not all(states[n.name].running(ray_container(params)) for n in params.serving_nodes):
+    p = plan(params)
+    if not all(states[n.name].running(p.ray_container) for n in params.serving_nodes):
         raise CheckFailed("the Ray cluster is not running on every node: run 04_ray_cluster.ipynb first "
                           "(`sparkbook run -p FILE --steps 04`)")
     head = [params.head]
     workdir.prepare(params, cluster, head)
-    with secrets_file(cluster, head, lambda n: secrets_path(params, n), secrets(params, False)):
-        cluster.run(ray_serve_command(params), head, timeout=60).check(
+    with secrets_file(cluster, head, lambda n: workdir.secrets_path(params, n), secrets(params, False)):
+        cluster.run(p.ray_serve, head, timeout=60).check(
             "start vllm serve in the Ray container", "see the message above; 04_ray_cluster.ipynb "
             "forms the Ray cluster it runs in")
 
@@ -178,7 +178,7 @@ def start_serving(params: Params, cluster: Cluster, states: dict[str, NodeState]
 def serving_fingerprint(params: Params, cluster: Cluster) -> str | None:
     """The fingerprint vllm serve in the head's Ray container was started with ("" when it has
     none); None when it does not run."""
-    r = cluster.run_on(params.head, script("serve_fingerprint.sh", ray_container(params), SERVE_PATTERN, SERVE_FP))
+    r = cluster.run_on(params.head, script("serve_fingerprint.sh", plan(params).ray_container, SERVE_PATTERN, SERVE_FP))
     found = re.search(r"^FP=(.*)$", r.stdout, re.M) if r.ok else None
     return found.group(1).strip() if found else None
 
@@ -186,11 +186,12 @@ def serving_fingerprint(params: Params, cluster: Cluster) -> str | None:
 def remove_serving(params: Params, cluster: Cluster, grace: float = 60) -> None:
     """Stop vLLM: its containers (mp), or vllm serve in the head's Ray container (``grace``
     seconds to shut down, then killed), waited for so that its port is free when this returns."""
-    if params.serving.executor == "ray":
-        cluster.run(script("stop_serve.sh", ray_container(params), SERVE_PATTERN, ENGINE_PATTERN, f"{grace:.0f}"),
+    p = plan(params)
+    if p.ray:
+        cluster.run(script("stop_serve.sh", p.ray_container, SERVE_PATTERN, ENGINE_PATTERN, f"{grace:.0f}"),
                     [params.head], timeout=grace + 30)
     else:
-        cluster.run(remove(params, serving_container(params)))
+        cluster.run(remove(params, p.serve_container))
 
 
 def wait_ready(params: Params, cluster: Cluster, dep: Deployment, timeout: float) -> None:

@@ -21,8 +21,9 @@ from ..nodes import workdir
 from ..nodes.remote import Cluster
 from ..nodes.shell import SCRIPTS
 from ..params import Params
-from .commands import serve_args, shown
+from .commands import shown
 from .containers import docker_run, named
+from .plan import plan
 from .state import replace
 
 INSPECT_SCRIPT = SCRIPTS / "inspect_vllm.py"
@@ -177,8 +178,8 @@ def _read_model(params: Params, cluster: Cluster, info: ImageInfo) -> None:
 def configured_options(params: Params) -> list[str]:
     """Every ``--option`` that sparkbook would pass to ``vllm serve`` on any node."""
     seen = []
-    for n in params.serving_nodes:
-        for a in serve_args(params, n):
+    for n in plan(params).nodes.values():
+        for a in n.serve_args:
             if a.startswith("--"):
                 o = a.split("=", 1)[0]
                 if o not in seen:

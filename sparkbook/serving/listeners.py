@@ -19,8 +19,9 @@ from ..book.verdict import FAIL, PASS, SKIP, WARN, Check, run_step
 from ..nodes.remote import Cluster
 from ..nodes.shell import script
 from ..params import Params
-from .commands import api_bind, beyond_loopback, held_secrets, wildcard
+from .commands import api_bind, beyond_loopback, wildcard
 from .containers import deployment_label
+from .plan import plan
 
 
 @dataclass
@@ -31,14 +32,15 @@ class Listener:
     program: str
 
 
-def read_listeners(params: Params, cluster: Cluster, nodes=None) -> tuple[dict[str, list[Listener]], dict[str, list[str]]]:
-    """What this deployment's containers listen on, by node (one round trip per node; a node that
+def read_listeners(params: Params, cluster: Cluster) -> tuple[dict[str, list[Listener]], dict[str, list[str]]]:
+    """What this deployment's containers listen on, by serving node (one round trip per node; a node that
     could not be read has an empty list), and the names of sparkbook's secret variables that their
     processes hold (the proof that the secrets file reached them; never a value)."""
     out: dict[str, list[Listener]] = {}
     held: dict[str, list[str]] = {}
-    bundle = lambda n: script("listeners.sh", deployment_label(params), *held_secrets(params, n))  # noqa: E731
-    for node, r in cluster.run(bundle, nodes, timeout=60).items():
+    p = plan(params)
+    bundle = lambda n: script("listeners.sh", deployment_label(params), *p.nodes[n.name].held)  # noqa: E731
+    for node, r in cluster.run(bundle, params.serving_nodes, timeout=60).items():
         out[node] = parse(r.stdout)
         held[node] = sorted({name for line in r.stdout.splitlines() if line.startswith("SECRETS ")
                              for name in line.split()[-1].split(",") if name != "-"})
@@ -48,9 +50,9 @@ def read_listeners(params: Params, cluster: Cluster, nodes=None) -> tuple[dict[s
 def secret_checks(params: Params, held: dict[str, list[str]]) -> list[Check]:
     """Per serving node: every secret the parameters give its containers (the Hugging Face token,
     the API key, Ray's token, secrets written in ``serving.env``) is held by a process of them."""
-    by_name, out = {n.name: n for n in params.nodes}, []
+    p, out = plan(params), []
     for node, names in held.items():
-        want = held_secrets(params, by_name[node])
+        want = p.nodes[node].held
         expected = "held by the containers' processes: " + (", ".join(want) or "none configured")
         if not want:
             out.append(Check("secrets in the containers", node, SKIP, "no secret to hold", expected))

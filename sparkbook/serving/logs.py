@@ -15,8 +15,9 @@ from ..facts.logread import file_lines
 from ..facts.parsers import parse_sections
 from ..nodes.remote import Cluster
 from ..nodes.shell import script
+from ..nodes.workdir import serve_log
 from ..params import Params
-from .commands import container_name, ray_container, serve_log
+from .plan import plan
 
 
 @dataclass
@@ -33,9 +34,10 @@ def collect_logs(params: Params, cluster: Cluster, run_dir: Path, containers: li
                  tag: str = "") -> dict[str, Path]:
     """Every node's sparkbook container logs, vllm serve's log, `ray status` and process list into
     ``run_dir/logs/<node>/`` (before anything is removed); ``tag`` prefixes the files' names."""
-    names = containers or [ray_container(params), container_name(params, False)]
+    p = plan(params)
+    names = containers or [p.ray_container, p.serve_container]
     out = {}
-    for node, r in cluster.run(lambda n: script("collect_logs.sh", params.name, ray_container(params),
+    for node, r in cluster.run(lambda n: script("collect_logs.sh", params.name, p.ray_container,
                                                        serve_log(params, n), *names),
                                timeout=60).items():
         folder = run_dir / "logs" / node

@@ -17,7 +17,7 @@ from ..facts.parsers import parse_sections
 from ..nodes.remote import Cluster
 from ..nodes.shell import script
 from ..params import Params
-from .commands import fingerprint, ray_container
+from .plan import plan
 from .listeners import Listener, read_listeners
 from .logs import collect_logs
 from .state import node_states, remove, require_image, start
@@ -47,7 +47,7 @@ def ray_nodes(params: Params, cluster: Cluster, actors: bool = False) -> RayClus
     """The Ray cluster as the head's Ray sees it, by node name (matched on fabric addresses); with
     ``actors``, also vLLM's Ray workers per node (every node of the cluster, 0 where it has none;
     a call to Ray's state API, so not on every poll)."""
-    r = cluster.run_on(params.head, script("ray_nodes.sh", ray_container(params), *(["actors"] if actors else [])),
+    r = cluster.run_on(params.head, script("ray_nodes.sh", plan(params).ray_container, *(["actors"] if actors else [])),
                        timeout=90)
     out = RayCluster(status_text=parse_sections(r.stdout).get("status", ""))
     version = re.search(r"^RAYVERSION (\S+)$", r.stdout, re.M)
@@ -84,14 +84,15 @@ def form_ray_cluster(params: Params, cluster: Cluster, run_dir: Path | None = No
     in the cluster with its GPUs (CPUs in the lab). Idempotent: a matching cluster is kept. With
     the mp executor nothing uses the cluster: it is stopped once checked."""
     start_t = time.monotonic()
-    name = ray_container(params)
+    p = plan(params)
+    name = p.ray_container
     current = node_states(params, cluster)
     stray = [n for n in params.nodes if n not in params.serving_nodes and current[n.name].running(name)]
     if stray:  # a node that no longer serves must not offer its GPUs to vLLM's placement group
         say(f"removing the Ray container of {', '.join(n.name for n in stray)}: not in serving.nodes")
         cluster.run(remove(params, name), stray).check(
             "remove the Ray container of the nodes outside serving.nodes", "08_teardown.ipynb removes it")
-    running = all(current[n.name].current(name, fingerprint(params, n, True)) for n in params.serving_nodes)
+    running = all(current[n.name].current(name, p.nodes[n.name].ray.fingerprint) for n in params.serving_nodes)
     rc = ray_nodes(params, cluster) if running else RayCluster(missing=[n.name for n in params.serving_nodes])
     if not rc.missing:
         say("the Ray cluster is already up with every node and matches the parameters: kept")
@@ -105,7 +106,7 @@ def form_ray_cluster(params: Params, cluster: Cluster, run_dir: Path | None = No
         rc = wait_joined(params, cluster, timeout)
     rc.seconds = time.monotonic() - start_t
     if not rc.missing:
-        rc.listeners, _ = read_listeners(params, cluster, params.serving_nodes)
+        rc.listeners, _ = read_listeners(params, cluster)
     if rc.missing:  # nothing half-formed stays up: logs first (with a run folder), then the containers
         stop_ray(params, cluster, run_dir)
     elif params.serving.executor != "ray":
@@ -132,7 +133,7 @@ def wait_joined(params: Params, cluster: Cluster, timeout: float) -> RayCluster:
 
 def stop_ray(params: Params, cluster: Cluster, run_dir: Path | None) -> None:
     """Remove the Ray containers (their logs saved first, with a run folder)."""
-    name = ray_container(params)
+    name = plan(params).ray_container
     if run_dir:
         collect_logs(params, cluster, run_dir, [name])
     cluster.run(remove(params, name))

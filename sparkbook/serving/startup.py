@@ -18,8 +18,10 @@ from ..facts.parsers import parse_sections
 from ..facts.signatures import ray_address
 from ..nodes.remote import Cluster
 from ..nodes.shell import script
+from ..nodes.workdir import serve_log
 from ..params import Params
-from .commands import SERVE_PATTERN, serve_log, serving_container
+from .commands import SERVE_PATTERN
+from .plan import plan
 
 TAIL_LINES = 40
 # CPU seconds per second of wall time above which vLLM's processes count as working: an idle
@@ -97,7 +99,7 @@ class NodeProgress:
 def read_progress(params: Params, cluster: Cluster) -> dict[str, NodeProgress]:
     """Every node's reading, in one round trip per node: with Ray, the head's vllm serve and every
     node's Ray container (which holds vLLM's Ray workers); with mp, every serving container."""
-    name = serving_container(params)
+    name = plan(params).serving_container
 
     def cmd(node):
         if params.serving.executor != "ray":

@@ -17,8 +17,9 @@ from ..nodes import workdir
 from ..nodes.remote import Cluster
 from ..nodes.shell import Script, command_line, script
 from ..params import Node, Params
-from .commands import FINGERPRINT, container_command, container_name, groups, secrets, secrets_path
+from .commands import FINGERPRINT, secrets
 from .containers import deployment_label, owner_label, secrets_file
+from .plan import plan
 
 
 @dataclass
@@ -67,19 +68,20 @@ def parse_state(text: str) -> NodeState:
 
 def start(params: Params, cluster: Cluster, nodes: list[Node], ray: bool,
           say: Callable[[str], object] = print) -> None:
-    """Start the containers on ``nodes`` in order (see :func:`groups`: each group on all of its
+    """Start the containers on ``nodes`` in order (:meth:`Plan.order`: each group on all of its
     nodes at once), in place of this deployment's container of the same name (never another's),
     passing the secrets through a mode-600 file in the private working folder, removed right
     after. A new Ray cluster gets a new token of its own."""
     workdir.prepare(params, cluster, nodes)
-    name = container_name(params, ray)
+    p = plan(params)
+    name = p.container(ray)
     ray_token = random_secrets.token_hex(32) if ray else None
     if ray_token:
         redact.protect_value(ray_token)
-    with secrets_file(cluster, nodes, lambda n: secrets_path(params, n), secrets(params, ray, ray_token)):
-        for group in groups(nodes, ray):
+    with secrets_file(cluster, nodes, lambda n: workdir.secrets_path(params, n), secrets(params, ray, ray_token)):
+        for group in p.order(nodes, ray):
             say(f"starting {name} on {', '.join(n.name for n in group)}")
-            cluster.run(lambda n: replace(params, n, name, container_command(params, n, ray)),
+            cluster.run(lambda n: replace(params, n, name, p.started(n, ray).command),
                         group, timeout=120).check(
                 f"start {name}", "see the command and its message above; 08_teardown.ipynb removes "
                 "what was started")

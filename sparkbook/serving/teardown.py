@@ -10,9 +10,9 @@ from pathlib import Path
 
 from ..book.step import Outcome
 from ..facts.parsers import listener
+from ..nodes import workdir
 from ..nodes.remote import Cluster
 from ..params import Params
-from .commands import secrets_path
 from .logs import collect_logs
 from .state import NodeState, node_states, remove
 
@@ -40,7 +40,7 @@ def teardown(params: Params, cluster: Cluster, run_dir: Path) -> Teardown:
         if st.containers:
             out.removed[n] = sorted(st.containers)
     cluster.run(remove(params), timeout=120)
-    cluster.run(lambda n: ["rm", "-f", "--", secrets_path(params, n)])
+    cluster.run(lambda n: ["rm", "-f", "--", workdir.secrets_path(params, n)])
     deadline = time.monotonic() + SETTLE_S
     while True:
         left(params, node_states(params, cluster), out)

@@ -10,7 +10,7 @@ from ..book.tables import Table
 from ..book.verdict import FAIL, PASS, WARN, Check
 from ..params import Params
 from ..serving import listeners
-from ..serving.commands import ray_container
+from ..serving.plan import plan
 from ..serving.ray import RayCluster, form_ray_cluster
 
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ def checks(params: Params, outcome: RayCluster) -> list[Check]:
 
 def _membership(params: Params, outcome: RayCluster) -> list[Check]:
     serving = {n.name for n in params.serving_nodes}
-    ray = ray_container(params)
+    ray = plan(params).ray_container
     out = [Check("in the Ray cluster", name, FAIL, f"joined at {rec['ip']}", "only the nodes of serving.nodes",
                  "08_teardown.ipynb, then 04_ray_cluster.ipynb again", f"docker rm -f {ray}  # on {name}")
            for name, rec in outcome.nodes.items() if name not in serving]

@@ -14,9 +14,10 @@ from ..facts import memfit
 from ..nodes.shell import command_line
 from ..params import Params
 from ..serving import listeners
-from ..serving.commands import api_bind, api_key, beyond_loopback, ray_container, serving_container
+from ..serving.commands import api_bind, api_key, beyond_loopback
 from ..serving.deploy import Deployment, serve, vllm_running
 from ..serving.inspection import CACHE
+from ..serving.plan import plan
 from ..serving.state import node_states
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ def ray_worker_checks(params: Params, dep: Deployment) -> list[Check]:
     if params.serving.executor != "ray":
         return []
     head, want = params.head.name, params.serving.tensor_parallel_size * params.serving.pipeline_parallel_size
-    list_actors = command_line(["docker", "exec", ray_container(params), "ray", "list", "actors"])
+    list_actors = command_line(["docker", "exec", plan(params).ray_container, "ray", "list", "actors"])
     if dep.ray_workers_error:
         return [Check("vLLM's Ray workers", head, WARN, f"Ray's actors could not be listed: "
                       f"{dep.ray_workers_error}", f"{want} worker actor(s)",
@@ -91,7 +92,7 @@ def ray_worker_checks(params: Params, dep: Deployment) -> list[Check]:
 
 def checks(params: Params, outcome: Deployment) -> list[Check]:
     """The deployment answers with the expected model; otherwise what stopped it, per node."""
-    dep, head, container = outcome, params.head.name, serving_container(params)
+    dep, head, container = outcome, params.head.name, plan(params).serving_container
     if dep.conflicts:
         return list(dep.conflicts)
     if dep.ready:
