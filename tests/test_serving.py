@@ -342,7 +342,8 @@ def test_a_stall_is_called_when_no_node_moves_naming_the_node_furthest_behind():
     assert watch.update({"a": reading(1.0, "Loading weights took 3 s"), "b": reading(190.0)}, now=259) is None
     stall = watch.update({"a": reading(1.01, "Loading weights took 3 s"), "b": reading(190.0)}, now=261)
     assert stall is not None and stall.node == "b" and stall.quiet_s == pytest.approx(61)
-    assert stall.readings == 3 and "for 61 s (3 readings); b is furthest behind" in stall.summary
+    assert stall.readings == 3 and "for 61 s (3 readings, one every 20 s); b is furthest behind" in stall.summary
+    assert stall.every_s == pytest.approx(61 / 3)
     assert stall.phase == "weights" and "disk" in stall.cause  # b's log is silent: the phase a reached
     row = next(c for c in serve_step.checks(lab_like(), deploy.Deployment(stall=stall)) if c.check == "startup progress")
     assert (row.node, row.status) == ("b", FAIL) and row.observed.startswith(stall.summary) and row.remedy

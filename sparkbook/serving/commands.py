@@ -11,6 +11,7 @@ start first).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
 import json
@@ -53,8 +54,14 @@ def management_address(node: Node) -> str:
     """The address this machine reaches ``node`` on: its host, or the HostName an ssh-config alias
     stands for, as this machine resolves it. An address, not a name: on the node itself its own
     name often resolves to 127.0.1.1 (Debian's /etc/hosts), where nobody else would reach vLLM. A
-    name this machine cannot resolve (reached through a jump host) is kept as it is."""
-    host = node.host if node.local else ssh_target(node.host, node.user, node.port)[0]
+    name this machine cannot resolve (reached through a jump host) is kept as it is. Resolved once
+    per name in a process (the serving plan asks for it at every read, and a name that does not
+    resolve can take seconds to say so)."""
+    return _address(node.host if node.local else ssh_target(node.host, node.user, node.port)[0])
+
+
+@functools.lru_cache(maxsize=256)
+def _address(host: str) -> str:
     try:
         return str(ipaddress.ip_address(host.strip("[]")))
     except ValueError:

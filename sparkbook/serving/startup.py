@@ -165,13 +165,16 @@ class Stall:
     cause: str
     readings: int = 0  # readings of every node in the quiet span
     held: bool = False  # the node's vLLM processes were stopped or in uninterruptible sleep (the last readings)
+    every_s: float = 0.0  # seconds between two readings in the quiet span, on average: how late a
+    # stall can be called (the reading after the last progress, then the one past the timeout)
 
     @property
     def summary(self) -> str:
         """``stalled in phase 'weights': no new log line and no CPU used by vLLM on any node for
         62 s; spark-2 is furthest behind``."""
         return (f"stalled in phase '{self.phase or 'start'}': no new log line and no CPU used by vLLM "
-                f"on any node for {self.quiet_s:.0f} s ({self.readings} readings); "
+                f"on any node for {self.quiet_s:.0f} s ({self.readings} readings, one every "
+                f"{self.every_s:.0f} s); "
                 + (f"{self.node}'s vLLM processes are stopped or in uninterruptible sleep (state T or "
                    "D)" if self.held else f"{self.node} is furthest behind"))
 
@@ -226,4 +229,4 @@ class StallWatch:
         ahead = max(self.phases.values(), key=lambda ph: ORDER.index(ph) if ph else -1)
         phase = self.phases.get(behind) or ahead
         return Stall(behind, phase, now - last, readings[behind].last_line, likely_cause(phase),
-                     self._quiet_reads, behind in held)
+                     self._quiet_reads, behind in held, (now - last) / self._quiet_reads)
