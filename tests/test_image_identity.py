@@ -393,6 +393,18 @@ def test_what_the_image_holds_is_read_once_per_image_id_and_the_model_every_time
     assert retry.ran == ["identity", "image"]
 
 
+def test_a_cache_that_cannot_be_made_only_costs_a_new_inspection(tmp_path, monkeypatch):
+    """A home that cannot be written (the cache's folder would be under a file): 05 inspects the
+    image every time, as before there was a cache, and fails nothing for it."""
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("SPARKBOOK_CACHE", str(tmp_path / "file" / "cache"))
+    params = load(LAB)
+    for run in ("run-1", "run-2"):
+        head = Head(line(CLASSIC))
+        info = inspection.inspect_image(params, head, tmp_path / run)
+        assert head.ran == ["identity", "image"] and info.vllm == "0.17.0" and not info.reused
+
+
 # ------------------------------------------------------------------------------------ on the lab
 
 def test_03_on_the_lab_keeps_a_worker_image_of_the_same_content_and_copies_a_changed_one(lab, params, cluster):

@@ -121,18 +121,24 @@ RUN_FIELDS = {"gpus", "shm_size", "privileged", "rdma", "entrypoint", "docker_ar
 CONFIG_MAX = 1 << 20  # bytes of a model's config.json read back
 
 
-def _kept(params: Params, image_id: str) -> Path:
+def _kept(params: Params, image_id: str) -> Path | None:
     """This user's cache entry for what ``image_id`` holds, as inspected under the parameters'
     runtime by this version of the inspection script. An image ID is a digest of the image's
-    content, so the entry cannot go stale; a changed script or runtime is another entry."""
+    content, so the entry cannot go stale; a changed script or runtime is another entry. None when
+    the cache folder cannot be made (a read-only home): every run then inspects the image."""
     key = hashlib.sha256(json.dumps([image_id, params.runtime.model_dump(mode="json", include=RUN_FIELDS),
                                      hashlib.sha256(INSPECT_SCRIPT.read_bytes()).hexdigest()],
                                     sort_keys=True).encode()).hexdigest()
-    return user_cache("image-inspections") / f"{key[:32]}.json"
+    try:
+        return user_cache("image-inspections") / f"{key[:32]}.json"
+    except OSError:
+        return None
 
 
-def _reuse(kept: Path, info: ImageInfo) -> bool:
+def _reuse(kept: Path | None, info: ImageInfo) -> bool:
     """``info`` filled from the cache entry ``kept``; False when there is none that can be read."""
+    if kept is None:
+        return False
     try:
         data = json.loads(kept.read_text())
         fields = {k: data[k] for k in IMAGE_FIELDS}
@@ -146,10 +152,10 @@ def _reuse(kept: Path, info: ImageInfo) -> bool:
     return True
 
 
-def _keep(kept: Path, info: ImageInfo) -> None:
+def _keep(kept: Path | None, info: ImageInfo) -> None:
     """Write ``info``'s image half to ``kept`` (whole or not at all); a read that failed in part
     (a time limit on a busy node may be why) is not kept, nor is a cache that cannot be written."""
-    if set(info.errors) - {"model"}:
+    if kept is None or set(info.errors) - {"model"}:
         return
     data = {**{k: getattr(info, k) for k in IMAGE_FIELDS}, "image_id": info.image_id,
             "inspected_at": time.time(), "seconds": info.seconds}
