@@ -197,7 +197,9 @@ def test_down_leaves_links_and_namespaces_it_did_not_make(lab):
     finally:
         host.sh("ip", "link", "del", "sbk-theirs", check=False)
         host.sh("ip", "netns", "del", "sbk-theirs", check=False)
-        lab.up(2, say=lambda *_: None)
+        # the worker holding the serving image again, as the session's first run left it (else
+        # the next serving test copies its 4 GB: about 110 s on 2 cores)
+        lab.up(2, say=lambda *_: None, seed_images=True)
 
 
 def test_down_finishes_past_a_busy_cgroup_and_the_next_down_ends_it(lab):
@@ -218,7 +220,7 @@ def test_down_finishes_past_a_busy_cgroup_and_the_next_down_ends_it(lab):
         sleeper.wait()
     assert f"cgroup {node.cgroup}" in lab.down(say=quiet)
     assert leftovers() == [] and lab.state() is None
-    lab.up(2, say=quiet)
+    lab.up(2, say=quiet, seed_images=True)  # as above
 
 
 def test_the_lab_image_declares_vllm_serve_as_its_entrypoint_like_vllm_openai(lab, params):
