@@ -127,10 +127,11 @@ STDERR_MIME = "application/vnd.jupyter.stderr"
 
 def light_params(source: Path = ROOT / "parameters" / "lab.yaml") -> dict:
     """The lab's parameters made lighter for a run in the browser: the same 2 nodes and Ray
-    executor, fewer benchmark levels and requests, a short soak and all-reduce sweep."""
+    executor, fewer benchmark levels and requests, 6 sequential burn-in requests (not 20), a short
+    soak and all-reduce sweep."""
     data = yaml.safe_load(source.read_text())
     data["benchmark"].update(context_depths=[0, 512], concurrency=[1, 4], requests_per_level=4)
-    data["smoke"].update(soak_s=3)
+    data["smoke"].update(soak_s=3, requests=6)
     data["collectives"].update(max_size_mb=8, iters=3)
     return data
 
