@@ -7,17 +7,8 @@
 # fails minutes later on one node. Here each of those is a row with what was seen, what was expected
 # and the remedy.
 #
-# What is checked, per node: SSH (from here, and from the head to every worker), OS, kernel, arch and
-# driver alike everywhere, the GPU (on GB10 `nvidia-smi` reports memory as not supported, so memory
-# comes from `/proc/meminfo`), processes or containers still holding GPU memory, the container runtime,
-# each RoCE rail (HCA mapped to its interface and Up, port ACTIVE/LinkUp, link rate, MTU, address),
-# the fabric's layout (a direct pair or a switch; a ring of cabled
-# Sparks is named unsupported), the path MTU with don't-fragment pings to every peer on each rail's
-# subnet, TCP between the nodes on the ports serving needs (Ray, the torch rendezvous, the API: a
-# firewall can pass ping and still drop them), clock skew, the
-# head's ports, free disk, the image (same ID everywhere, or still to distribute), the model (same
-# files everywhere) and the Hugging Face token (never shown). `sparkbook preflight` runs the same
-# checks from a terminal.
+# What is checked is the table below the setup cell, in the verdict's order. `sparkbook preflight`
+# runs the same checks from a terminal.
 
 # %% tags=["parameters"]
 # Parameters: leave both as None to use $SPARKBOOK_PARAMS or parameters/lab.yaml.
@@ -30,6 +21,7 @@ import sparkbook as sb
 from sparkbook.steps import preflight as step
 
 ctx = sb.notebook.start(globals(), step)
+step.what_is_checked()
 
 # %% [markdown]
 # ## Gather

@@ -177,6 +177,8 @@ def cmd_lab(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
+    from .preflight.checks import summary as checks_summary
+
     ap = argparse.ArgumentParser(
         prog="sparkbook", description="Runbook for multi-node vLLM on DGX Spark (and other GPU nodes).")
     ap.add_argument("--version", action="version", version=f"sparkbook {__version__}")
@@ -245,9 +247,9 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_collect)
 
     p = sub.add_parser("preflight", help="check the nodes before launch; exit 1 on any FAIL",
-                       description="Run every preflight check on all nodes in parallel (SSH, GPU, "
-                       "runtime, RoCE rails, path MTU, clocks, ports, disk, image, model, token) and "
-                       "print the verdict table. Exit code 1 when any check fails.")
+                       description="Run every preflight check on all nodes in parallel and print "
+                       "the verdict table, one row per check and node. Exit code 1 when any check "
+                       f"fails. The rows: {checks_summary()}.")
     _params_arg(p)
     p.set_defaults(func=cmd_preflight)
 

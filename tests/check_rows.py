@@ -58,8 +58,8 @@ SERVING, SMOKE, BENCH = "tests/test_serving.py::", "tests/test_smoke.py::", "tes
 EVERY_PREFLIGHT_ROW = REMEDIES + "test_every_failing_preflight_row_renders_its_remedy"  # every fact broken
 SPARK_REPORT = PREFLIGHT + "test_a_spark_report_and_its_checks"  # a real Spark's report, the worker down
 LAB_FAULT = PREFLIGHT + "test_fault_fails_the_right_check_on_the_right_node"  # lab: one planted fault each
-PLANTED = ("tests/test_preflight_faults.py::"  # lab: a stale process, a skewed clock, full disks
-           "test_stale_process_clock_skew_and_low_disk_fail_on_the_planted_node_then_pass")
+PLANTED = ("tests/test_preflight_faults.py::"  # lab: a stale process, a skewed clock, full disks, a DHCP rail
+           "test_stale_process_clock_skew_low_disk_and_a_dhcp_rail_on_the_planted_node_then_pass")
 SWEEP_STOPPED = COLLECTIVES + "test_a_sweep_that_stopped_fails_where_and_a_container_left_fails_the_cleanup"
 FAILED_COPY = DISTRIBUTE + "test_a_failed_copy_fails_with_the_command_and_the_remedy"
 NO_IMAGE = SERVING + "test_an_image_absent_from_the_head_or_without_vllm_fails_alone"
@@ -101,6 +101,7 @@ ROWS: dict[str, Entry] = {
     "gpu clocks": Tests(HOST + "test_a_slowdown_reason_names_itself_and_its_remedy",
                         HOST + "test_throttle_is_caught_on_its_node_only_and_heals"),
     "swap": Tests(HOST + "test_swap_in_use_before_the_launch_warns"),
+    "rail dhcp": Tests(HOST + "test_a_rail_networkmanager_sets_by_dhcp_warns_with_the_nmcli_that_makes_it_static", PLANTED),
 
     # ------------------------------------------------------------------------- 01 preflight: fabric
     "fabric layout": Tests(PREFLIGHT + "test_the_layout_check_one_row"),

@@ -270,6 +270,33 @@ def test_swap_in_use_before_the_launch_warns():
     assert rows(params_with())[("swap", "spark-1")].observed == "0.0 GiB of 16.0 GiB swap in use"
 
 
+def test_a_rail_networkmanager_sets_by_dhcp_warns_with_the_nmcli_that_makes_it_static():
+    # DGX OS's CX-7 ports come on NetworkManager profiles with ipv4.method auto (DHCP); nmcli -g
+    # prints a field's value alone (nmcli(1)), as host_state.sh asks for it
+    stdout = "\n".join(["@@ smi", "nvidia-smi unavailable", "@@ memlock", "unlimited unlimited",
+                        "@@ nm enp1s0f1np1", "connection=--Wired connection 1", "method=auto",
+                        "@@ nm enP2p1s0f1np1", "connection=rail2", "method=manual"])
+    nm = parse(stdout)["host"]["nm"]
+    assert nm == {"enp1s0f1np1": {"connection": "--Wired connection 1", "method": "auto"},
+                  "enP2p1s0f1np1": {"connection": "rail2", "method": "manual"}}
+    first = report()
+    first["host"]["nm"] = nm
+
+    def dhcp_rows(node_report):
+        pf = Preflight({"spark-1": node_report, "spark-2": report()}, {}, {"spark-1": "head", "spark-2": "worker"})
+        return [c for c in host.health(params_with(), pf) if c.check == "rail dhcp"]
+
+    dhcp, static = dhcp_rows(first)
+    assert dhcp.status == WARN and dhcp.node == "spark-1" and "'--Wired connection 1', ipv4.method auto" in dhcp.observed
+    # the profile's name stays one argument after `id`, never an option
+    assert "nmcli connection modify id '--Wired connection 1' ipv4.method manual ipv4.addresses 10.77.1.11/24" in dhcp.remedy
+    assert "802-3-ethernet.mtu 9000" in dhcp.remedy and (static.status, static.remedy) == (PASS, "")
+    # nmcli absent, or rails NetworkManager does not manage: no row
+    assert parse_host_state({"memlock": "1 1", "nm enp1s0f1np1": "nmcli unavailable"})["nm"] is None
+    first["host"]["nm"] = {"enp1s0f1np1": {"connection": "", "method": ""}}
+    assert dhcp_rows(first) == []
+
+
 def test_a_report_without_the_host_section_gives_no_host_rows():
     bare = {"facts": {"driver": "580.95.05"}, "ibstat": None, "ibv_devinfo": None}
     got = rows(params_with(), bare, bare)

@@ -1,6 +1,7 @@
 """The package's shape: no import cycles, each layer imports only below it, no module too long."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -167,24 +168,27 @@ def test_the_layer_rules_see_a_climbing_import():
     assert [type(n).__name__ for n in type_only(ast.parse(code)) if isinstance(n, ast.ImportFrom)] == ["ImportFrom"]
 
 
-# The serving plan's builders (sparkbook/serving/commands.py): what names, starts or fingerprints
-# a serving container. Only the plan calls them; everything else reads the plan.
+# The serving plan's builders (sparkbook/serving/commands.py, and the engine's argv in
+# serving/vllm.py): what names, starts or fingerprints a serving container. Only the plan calls
+# them; everything else reads the plan.
 BUILDERS = {"container_name", "ray_container", "serving_container", "container_command", "ray_serve_command",
             "fingerprint", "serve_args", "ray_args", "watched_nodes", "groups", "held_secrets", "mounts",
             "container_env", "serve_env"}
-PLANNERS = {"sparkbook.serving.commands", "sparkbook.serving.plan"}
+PLANNERS = {"sparkbook.serving.commands", "sparkbook.serving.plan", "sparkbook.serving.vllm"}
 
 
 def builder_uses(mod: str, source: str) -> list[str]:
-    """Where ``source`` (module ``mod``) takes a builder from serving/commands.py: imported by
-    name, or read as an attribute of the module."""
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[-1] == "commands":
+    """Where ``source`` (module ``mod``) takes a builder from serving/commands.py or the engine's
+    module: imported by name, or read as an attribute of the module (as imported or renamed)."""
+    found, tree = [], ast.parse(source)
+    aliases = {"commands", *(a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                             for a in n.names if a.name in ("commands", "vllm"))}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[-1] in ("commands", "vllm"):
             found += [f"{mod}: imports {a.name}" for a in node.names if a.name in BUILDERS]
         elif (isinstance(node, ast.Attribute) and node.attr in BUILDERS and isinstance(node.value, ast.Name)
-              and node.value.id == "commands"):
-            found.append(f"{mod}: calls commands.{node.attr}")
+              and node.value.id in aliases):
+            found.append(f"{mod}: calls {node.value.id}.{node.attr}")
     return found
 
 
@@ -194,3 +198,34 @@ def test_only_the_serving_plan_builds_container_names_commands_and_fingerprints(
     assert not found, "read these from sparkbook.serving.plan instead:\n" + "\n".join(found)
     planted = "from ..serving.commands import api_key, container_name\nfrom . import commands\ncommands.serve_args(p, n)\n"
     assert builder_uses("m", planted) == ["m: imports container_name", "m: calls commands.serve_args"]
+    planted = "from ..serving import vllm as engine\nengine.serve_args(p, n, b)\nengine.API_KEY\n"
+    assert builder_uses("m", planted) == ["m: calls engine.serve_args"]
+
+
+# vLLM's own names as a program reads them: its environment variables, metrics series, process
+# titles and patterns, health path, inspection script and argv. They live in serving/vllm.py (the
+# engine seam, selected by serving.engine). Outside the folders that drive the engine they are
+# knowledge, not control: params/ checks the names an owner writes (VLLM_API_KEY as the key's
+# variable), facts/ holds the field's failure lines and vLLM's memory rule, lab/ builds vLLM for
+# CPU, scripts/inspect_vllm.py is the script the engine module names.
+ENGINE_NAMES = re.compile(r"VLLM_[A-Z_]+|vllm:[a-z_]+|VLLM::|\[v\]llm|^/health$|inspect_vllm|--tensor-parallel-size")
+DRIVERS = ("book", "nodes", "collectives", "distribution", "preflight", "serving", "smoke", "bench",
+           "record", "runbook", "steps")
+
+
+def engine_names(source: str) -> list[str]:
+    """The engine's names in ``source``'s string constants, docstrings aside (prose may name vLLM)."""
+    tree = ast.parse(source)
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return [m.group(0) for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and id(n) not in docs for m in ENGINE_NAMES.finditer(n.value)]
+
+
+def test_vllm_names_live_in_the_engine_module():
+    found = [f"{module_name(p)}: {name}" for f in DRIVERS for p in (PKG / f).rglob("*.py")
+             if p != PKG / "serving" / "vllm.py" for name in engine_names(p.read_text())]
+    assert not found, "read these from sparkbook/serving/vllm.py:\n" + "\n".join(found)
+    planted = '"""Says VLLM_API_KEY in prose."""\nKEY = "VLLM_API_KEY"\nseries = f"{x}vllm:num_requests_running"\n'
+    assert engine_names(planted) == ["VLLM_API_KEY", "vllm:num_requests_running"]

@@ -52,16 +52,17 @@ def test_every_bad_field_is_listed_by_path_in_one_error():
     d["nodes"][1]["rails"][0]["ip"] = "192.168.100.300"
     d["nodes"][0]["port"] = 70000
     d["serving"]["executor"] = "slurm"
+    d["serving"]["engine"] = "sglang"  # planned, not built
     d["serving"]["gpu_memory_utilization"] = 1.5
     d["ports"]["api"] = "eighty"
     d["model"]["path"] = "relative/dir"
     d["nodes"][0]["rails"][1]["interface"] = "a-name-longer-than-15"
     got = problems(d)
     assert set(got) == {
-        "nodes[1].rails[0].ip", "nodes[0].port", "serving.executor",
+        "nodes[1].rails[0].ip", "nodes[0].port", "serving.executor", "serving.engine",
         "serving.gpu_memory_utilization", "ports.api", "model.path", "nodes[0].rails[1].interface"}
     assert got["nodes[1].rails[0].ip"].startswith("not an IPv4 address")
-    assert "'ray' or 'mp'" in got["serving.executor"]
+    assert "'ray' or 'mp'" in got["serving.executor"] and "'vllm'" in got["serving.engine"]
     assert "absolute path" in got["model.path"]
 
 

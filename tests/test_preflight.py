@@ -3,6 +3,7 @@ outputs and its checks, the fabric's layout, the TCP probes of the serving ports
 the step on this machine, the CLI; and on the lab: healthy passes, each fault fails the right check
 on the right node with a remedy, a healed lab passes again."""
 
+import fnmatch
 import json
 import socket
 import time
@@ -12,6 +13,7 @@ import pytest
 import yaml
 
 import sparkbook as sb
+from check_rows import scan
 from conftest import field_sample
 from sparkbook import preflight
 from sparkbook.cli import main
@@ -19,6 +21,7 @@ from sparkbook.facts.identity import INSPECT_FORMAT
 from sparkbook.lab import faults
 from sparkbook.params import validate
 from sparkbook.preflight import tcp
+from sparkbook.preflight.checks import GROUPS, markdown, summary
 from sparkbook.preflight import nodes as node_checks
 from sparkbook.preflight.collect import STALE, clock_skews, node_bundle, parse
 from sparkbook.preflight.layout import MIXED, PAIR, RING, SWITCH, classify
@@ -125,6 +128,30 @@ def test_a_spark_report_and_its_checks():
     assert [k[0] for k in c][:4] == ["ssh", "ssh", "ssh head→worker", "same os"]
     for check in c.values():
         assert check.status != FAIL or check.remedy, check
+
+
+def test_each_group_writes_only_the_rows_it_lists_and_the_list_is_in_the_help_and_readme(capsys):
+    """GROUPS (sparkbook/preflight/checks.py) is the one list of the checks: each group writes only
+    rows it names (on the reports made here), it names every row the preflight source writes and
+    nothing else (tests/check_rows.py's scan: an f-string's fields are ``*``), and README and the
+    CLI's help show the list as it is."""
+    params = lab_params()
+    spark = preflight.Preflight({"spark-1": parse(spark_output())}, {"spark-2": "ssh: cannot connect"},
+                                {"spark-1": "head", "spark-2": "worker"})
+    four = switch(4)
+    for pf, p in ((spark, params), (reports(params), params), (reports(four), four)):
+        for g in GROUPS:
+            names = {c.check for c in g.run(p, pf)}
+            assert all(any(fnmatch.fnmatchcase(n, r) for r in g.rows) for n in names), (g.rows, names)
+    written = {r.name for r in scan()[0] if r.where.startswith(("sparkbook/preflight/", "sparkbook/facts/memfit.py"))}
+    listed = {r for g in GROUPS for r in g.rows}
+    assert {w for w in written if not any(fnmatch.fnmatchcase(r, w) for r in listed)} == set()
+    assert {r for r in listed if not any(fnmatch.fnmatchcase(r, w) for w in written)} == set()
+    assert markdown() in (ROOT / "README.md").read_text(), "README's list of the checks: paste markdown()"
+    with pytest.raises(SystemExit):
+        main(["preflight", "--help"])
+    assert " ".join(summary().split()) in " ".join(capsys.readouterr().out.split())
+    assert [r[0] for r in step.what_is_checked().rows] == [", ".join(g.rows) for g in GROUPS]
 
 
 def test_a_port_down_names_its_interface_in_the_remedy():

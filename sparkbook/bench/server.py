@@ -14,11 +14,8 @@ start, seconds since the epoch: a level's ``started_at`` minus it places the lev
 what was noted (a /metrics that failed, a node without nvidia-smi, a simulated one).
 ``server.png``: the figure.
 
-The names are vLLM's (docs/usage/metrics.md; ``vllm:gpu_cache_usage_perc`` before the V1 engine
-renamed it ``vllm:kv_cache_usage_perc``). Label sets (one per engine with data parallel) combine as
-vLLM's Grafana dashboards combine them: counts and counters summed, KV cache use as the most loaded
-engine's (``max``; source: github.com/vllm-project/vllm/blob/5836216b154fcb32685152b85bd8d7e1e8c91c04/
-examples/observability/dashboards/grafana/vllm_kv_cache.json).
+The series' names, and how their label sets combine, are the engine's
+(:data:`sparkbook.serving.vllm.METRICS`, with their source).
 """
 
 from __future__ import annotations
@@ -37,19 +34,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from ..book.tables import Table
 from ..facts.parsers import parse_nvidia_smi_csv
 from ..params import Params, endpoint
+from ..serving import vllm as engine
 from .records import FOLDER, Results
 
 CSV, META, FIGURE = "server_metrics.csv", "server_metrics.json", "server"
 INTERVAL_S, GPU_INTERVAL_S, TIMEOUT_S = 1.0, 5.0, 5.0  # a server busy with the benchmark answers late
-# column -> (sample names, the first present wins; how the label sets combine). A counter's samples
-# are NAME_total; its NAME_created sibling is a timestamp and never read.
-SERIES: dict[str, tuple[tuple[str, ...], Callable[[list[float]], float]]] = {
-    "kv_cache_usage": (("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"), max),
-    "requests_running": (("vllm:num_requests_running",), sum),
-    "requests_waiting": (("vllm:num_requests_waiting",), sum),
-    "preemptions": (("vllm:num_preemptions_total",), sum),
-    "generation_tokens": (("vllm:generation_tokens_total",), sum),
-}
+SERIES = engine.METRICS  # column -> (sample names, the first present wins; how label sets combine)
 GPU_QUERY = ("power.draw", "clocks.sm")
 GPU = {"gpu_power_w": "power.draw", "sm_clock_mhz": "clocks.sm"}
 COLUMNS = ["t_s", *SERIES]  # then GPU's columns, each as COLUMN@NODE, for the nodes that answered
@@ -321,7 +311,7 @@ def plot(results: Results, run_dir: Path) -> Any | None:
     if len(counter[0]) > 1:
         dt = np.diff(counter[0])
         a.plot(counter[0][1:], np.diff(counter[1]) / np.where(dt > 0, dt, np.nan), alpha=0.7,
-               label="server: generation tok/s (vllm:generation_tokens)")
+               label=f"server: generation tok/s ({SERIES['generation_tokens'][0][0]})")
     a.set_ylabel("output tok/s")
     _draw(axes[1], cols, {"kv_cache_usage": "KV cache use (%)"}, scale=100)
     _draw(axes[2], cols, {"requests_running": "running", "requests_waiting": "waiting"})

@@ -30,6 +30,9 @@ Spark; `heal` undoes it. Applied faults are kept in lab.json.
                --cpus`): a server that really slows while it serves, as a GPU held down by heat or
                power mid-run does (the lab's vLLM runs on the CPU); apply it once 05 has started
                vLLM, e.g. halfway through 06's soak
+- dhcp         the node's first rail on a NetworkManager profile that sets it by DHCP, as DGX OS
+               ships the CX-7 ports: a simulated `nmcli` (simhw.py) on the node's PATH (the lab's
+               rails are set by `ip`, which no NetworkManager manages)
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..serving.plan import plan
+from ..serving.vllm import ENGINE_TITLE
 from .lab import Lab
 from .nodes import FABRIC_MTU, FABRIC_NS, FAULTS, MGMT_IF, PREFIX, RAILS, LabError, LabNode, docker, sh
 
@@ -271,8 +275,7 @@ def _slow_link(fec: bool) -> tuple[Callable[[Site], None], Callable[[Site], None
 # of requests sent before the fault); 0.15 aims at the 3-6x a throttled GPU shows.
 QUOTA_CPUS = 0.15
 UNLIMITED_CPUS = "0"  # `docker update --cpus 0` lifts the limit
-# What vLLM's engine process calls itself (setproctitle); nvidia-smi lists it so on a Spark.
-STALE_NAME = "VLLM::EngineCore"
+STALE_NAME = ENGINE_TITLE  # what the engine's process calls itself; nvidia-smi lists it so on a Spark
 # The power brake of a Spark whose USB-C power negotiation failed (the GB10 stuck at 500-850 MHz).
 THROTTLE = {"reasons": ["HW Slowdown", "HW Power Brake Slowdown"], "mhz": 513}
 
@@ -294,6 +297,7 @@ TABLE: dict[str, tuple[Callable[[Site], None], Callable[[Site], None]]] = {
     "throttle": _simulated("nvidia-smi", "throttle", THROTTLE),
     "fec": _slow_link(fec=True),
     "cpu-quota": (_cpu_quota, _cpu_back),
+    "dhcp": _simulated("nmcli", "nm_dhcp", {"interface": RAIL_NAMES[0], "connection": "Wired connection 1"}),
 }
 
 

@@ -377,7 +377,7 @@ def show_gids(args: list[str], s: dict) -> int:
 
 
 # ------------------------------------------------------------------------------------ host
-# Linked onto a node's PATH only while a fault needs them (sparkbook/lab/faults.py: clock, disk);
+# Linked onto a node's PATH only while a fault needs them (sparkbook/lab/faults.py: clock, disk, dhcp);
 # everything else they pass to the real tool.
 
 TIME_GIVEN = ("-d", "--date", "-s", "--set", "-r", "--reference", "-f", "--file")
@@ -410,8 +410,28 @@ def df(args: list[str], s: dict) -> int:
     return r.returncode
 
 
+def nmcli(args: list[str], s: dict) -> int:
+    """NetworkManager as `nmcli -g FIELD device show IF` and `nmcli -g FIELD connection show id
+    NAME` answer (nmcli(1): -g prints the value alone): ``nm_dhcp``'s interface on its profile, set
+    by DHCP (ipv4.method auto); every other interface unmanaged (an empty connection)."""
+    nm = s.get("nm_dhcp") or {}
+    if args[:1] != ["-g"] or len(args) < 5:
+        print("sparkbook lab: this simulated nmcli answers only -g FIELD device|connection show ...", file=sys.stderr)
+        return 2
+    field, what, target = args[1], args[2], args[-1]
+    if what == "device" and field == "GENERAL.CONNECTION":
+        print(nm.get("connection", "") if target == nm.get("interface") else "")
+    elif what == "connection" and field == "ipv4.method" and target == nm.get("connection"):
+        print("auto")
+    else:
+        print(f"Error: {target!r} not found.", file=sys.stderr)
+        return 10
+    return 0
+
+
 TOOLS = {"nvidia-smi": nvidia_smi, "ibdev2netdev": ibdev2netdev, "ibstat": ibstat,
-         "ibv_devinfo": ibv_devinfo, "ethtool": ethtool, "show_gids": show_gids, "date": date, "df": df}
+         "ibv_devinfo": ibv_devinfo, "ethtool": ethtool, "show_gids": show_gids, "date": date, "df": df,
+         "nmcli": nmcli}
 
 
 def main(argv: list[str]) -> int:

@@ -38,8 +38,9 @@ def secrets_path(params: Params, node: Node) -> str:
 
 
 def serve_log(params: Params, node: Node) -> str:
-    """Ray executor: vllm serve's output in the head's Ray container, in the mounted logs folder."""
-    return f"{logs(params, node)}/vllm-serve.log"
+    """Ray executor: the engine's serve output in the head's Ray container, in the mounted logs
+    folder (``vllm-serve.log`` for vLLM)."""
+    return f"{logs(params, node)}/{params.serving.engine}-serve.log"
 
 
 def prepare(params: Params, cluster: Cluster, nodes: list[Node] | None = None) -> None:

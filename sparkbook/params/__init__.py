@@ -162,6 +162,8 @@ class ModelSpec(Section):
 
 
 class Serving(Section):
+    engine: Literal["vllm"] = Field("vllm", description="the serving engine: vllm, the only one built "
+                                    "(sparkbook/serving/vllm.py holds its names; SGLang is planned)")
     nodes: list[str] | None = Field(
         None, description="names of the nodes that serve, the head among them (default: all); "
         "the others still take part in preflight, the all-reduce and distribution")

@@ -8,6 +8,7 @@ remedy.
 """
 
 from .checks import checks
+from .checks import table as checks_table
 from .collect import NodeReport, Preflight, gather
 
-__all__ = ["NodeReport", "Preflight", "checks", "gather"]
+__all__ = ["NodeReport", "Preflight", "checks", "checks_table", "gather"]

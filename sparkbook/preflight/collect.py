@@ -18,12 +18,13 @@ from ..facts.parsers import (Fec, Gid, IbDevice, LinkSpeed, RailMap, SmiTable, p
 from ..nodes.remote import Cluster
 from ..nodes.shell import PEER_SSH, Bundle, bundle, script
 from ..params import Node, Params
+from ..serving import vllm as engine
 from . import tcp
 from .host_state import HostState, parse_host_state
 from .layout import RING, classify
 
-# Processes that hold GPU memory when left over from an earlier run.
-STALE = r"vllm|VLLM::|raylet|gcs_server|ray::|torchrun"
+# Processes that hold GPU memory when left over from an earlier run: the engine's, Ray's, torchrun.
+STALE = rf"{engine.STALE}|raylet|gcs_server|ray::|torchrun"
 
 
 class Address(TypedDict, total=False):

@@ -1,12 +1,14 @@
 """Preflight checks of each host's health, the faults Spark owners report as "a software bug"
 until they look here: the NVIDIA driver and the ConnectX-7 firmware (the same on every node, within
 ``expectations.driver`` / ``expectations.firmware``), GPU clocks held down by power or heat
-(``nvidia-smi -q``), and swap in use before the launch. (The unlimited memlock limit RDMA needs
-is not checked: sparkbook starts its containers with ``--ulimit memlock=-1`` itself.)
+(``nvidia-smi -q``), swap in use before the launch, and a rail NetworkManager sets by DHCP
+(``nmcli``). (The unlimited memlock limit RDMA needs is not checked: sparkbook starts its
+containers with ``--ulimit memlock=-1`` itself.)
 What the node reports is parsed in :mod:`.host_state` (from ``scripts/host_state.sh``)."""
 
 from __future__ import annotations
 
+import shlex
 from typing import Iterator
 
 from packaging.specifiers import SpecifierSet
@@ -39,6 +41,7 @@ def health(params: Params, pf: Preflight) -> Iterator[Check]:
     yield from versions(params, pf)
     yield from clocks(params, pf)
     yield from swap(params, pf)
+    yield from rail_dhcp(params, pf)
 
 
 # ------------------------------------------------------------------------------ driver, firmware
@@ -156,3 +159,27 @@ def swap(params: Params, pf: Preflight) -> Iterator[Check]:
                     "memory ran short before the launch: find and stop what holds it (`free -g`, "
                     "`ps aux --sort=-rss | head`, 08_teardown.ipynb for an earlier deployment), then bring the "
                     "swapped pages back (`sudo swapoff -a && sudo swapon -a`)", "/proc/meminfo")
+
+
+# ------------------------------------------------------------------------------ rails by DHCP
+
+def rail_dhcp(params: Params, pf: Preflight) -> Iterator[Check]:
+    """A rail NetworkManager sets by DHCP (``ipv4.method auto``): DGX OS ships the CX-7 ports on
+    such profiles, so an address set by hand lasts until the next reboot or reconnect, and then the
+    rail has another address or none. One row per rail that NetworkManager manages; none where
+    nmcli is absent or the rail is another tool's (netplan with networkd, ifupdown)."""
+    for node in pf.up(params):
+        host = pf.nodes[node.name].get("host")
+        for rail in node.rails:
+            nm = ((host or {}).get("nm") or {}).get(rail.interface)
+            if not nm or not nm["connection"]:
+                continue
+            seen = f"{rail.interface}: profile {nm['connection']!r}, ipv4.method {nm['method'] or 'unknown'}"
+            dhcp = nm["method"] == "auto"
+            fix = shlex.join(["sudo", "nmcli", "connection", "modify", "id", nm["connection"], "ipv4.method",
+                              "manual", "ipv4.addresses", f"{rail.ip}/{rail.prefix}", "802-3-ethernet.mtu",
+                              str(params.expectations.mtu)])
+            yield Check("rail dhcp", node.name, WARN if dhcp else PASS, seen,
+                        "a static address that survives a reboot (ipv4.method manual)",
+                        f"make the address static: `{fix}`, then `sudo nmcli connection up id "
+                        f"{shlex.quote(nm['connection'])}`" if dhcp else "", "nmcli")

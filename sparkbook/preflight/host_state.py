@@ -24,6 +24,9 @@ class HostState(TypedDict):
     memlock: dict[str, str] | None  # {"soft": ..., "hard": ...}: KiB or "unlimited"
     swap_kb: dict[str, int] | None  # {"total": ..., "free": ...} from /proc/meminfo
     firmware: dict[str, str]  # rail interface -> its firmware version (ethtool -i)
+    # rail interface -> the NetworkManager profile that sets it ("" where NetworkManager does not
+    # manage it) and the profile's IPv4 method ("auto" is DHCP); None: nmcli unavailable
+    nm: dict[str, dict[str, str]] | None
 
 
 REASON_HEADERS = ("Clocks Event Reasons", "Clocks Throttle Reasons")  # driver >= 535 / before
@@ -73,14 +76,19 @@ def parse_host_state(sections: dict[str, str]) -> HostState | None:
     smi = sections.get("smi-q", "")
     limits = sections["memlock"].split()
     meminfo = parse_meminfo(sections.get("swap", ""))  # bytes
-    firmware = {}
+    firmware, nm = {}, {}
     for key, text in sections.items():
         if key.startswith("ethtool-i ") and (m := re.search(r"^firmware-version:\s*(\S+)", text, re.M)):
             firmware[key.split(maxsplit=1)[1]] = m[1]
+        elif key.startswith("nm ") and not text.strip().endswith("unavailable"):
+            values = dict(ln.partition("=")[::2] for ln in text.splitlines() if "=" in ln)
+            nm[key.split(maxsplit=1)[1]] = {"connection": values.get("connection", ""),
+                                            "method": values.get("method", "")}
     return {
         "gpus": None if not smi.strip() or smi.strip().endswith("unavailable") else parse_nvidia_smi_q(smi),
         "memlock": {"soft": limits[0], "hard": limits[1]} if len(limits) == 2 else None,
         "swap_kb": {"total": meminfo["SwapTotal"] // 1024, "free": meminfo["SwapFree"] // 1024}
         if {"SwapTotal", "SwapFree"} <= meminfo.keys() else None,
         "firmware": firmware,
+        "nm": nm or None,
     }

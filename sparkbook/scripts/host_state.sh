@@ -2,7 +2,9 @@
 # The host's own state, for sparkbook's preflight (01), each fact in a section "@@ NAME": the GPU's
 # clocks and the reasons that hold them down (smi-q, `nvidia-smi -q`), the memlock limit of this
 # SSH user's sessions (memlock: "SOFT HARD", in KiB or "unlimited"), swap (swap, from
-# /proc/meminfo) and the driver and firmware of each rail interface ("ethtool-i IF", `ethtool -i`).
+# /proc/meminfo), the driver and firmware of each rail interface ("ethtool-i IF", `ethtool -i`) and
+# the NetworkManager profile that sets each rail and its IPv4 method ("nm IF": connection=NAME and
+# method=auto|manual|...; connection= is empty where NetworkManager does not manage the rail).
 # A missing tool says "TOOL unavailable" in its section.
 # Usage: host_state.sh [RAIL_INTERFACE ...]
 set -euo pipefail
@@ -17,4 +19,13 @@ grep -E '^(SwapTotal|SwapFree):' /proc/meminfo || true
 for interface in "$@"; do
   echo "@@ ethtool-i $interface"
   ethtool -i "$interface" 2>/dev/null || echo "ethtool unavailable"
+  echo "@@ nm $interface"
+  if command -v nmcli >/dev/null; then
+    # nmcli(1): -g prints the field's value alone; `id NAME` keeps a name from reading as an option
+    connection=$(nmcli -g GENERAL.CONNECTION device show "$interface" 2>/dev/null || true)
+    echo "connection=$connection"
+    [ -z "$connection" ] || echo "method=$(nmcli -g ipv4.method connection show id "$connection" 2>/dev/null || true)"
+  else
+    echo "nmcli unavailable"
+  fi
 done

@@ -23,25 +23,16 @@ from ..nodes import workdir
 from ..nodes.remote import ssh_target
 from ..nodes.shell import command_line
 from ..params import Node, Params, secrets_written
+from . import vllm as engine
 from .containers import docker_run, fabric_env, hf_env, named
 
 FINGERPRINT = "sparkbook.record.fingerprint"   # the label holding a container's fingerprint
-# vllm serve's processes in the Ray container; the brackets keep a process whose own command line
-# holds the pattern (a shell running pkill, a script given it as an argument) from matching itself
-SERVE_PATTERN = "[v]llm serve"
-# vllm serve's engine processes (their title: VLLM::EngineCore...). The engine is the Ray driver that
-# owns vLLM's Ray workers: left behind by a vllm serve that was killed, it keeps their GPUs (the
-# placement group), and the next start waits for them forever.
-ENGINE_PATTERN = "[V]LLM::"
 SERVE_FP = "SPARKBOOK_SERVE_FINGERPRINT"  # vllm serve's fingerprint, in its environment (Ray)
 # Ray's token authentication (Ray 2.52 and later: every Ray service, the dashboard and the Jobs API
 # require the token; docs.ray.io, "Ray token authentication"). An older Ray ignores the variable;
 # 04 says which it is. The token itself reaches the containers only through the secrets file.
 RAY_AUTH = {"RAY_AUTH_MODE": "token"}
 RAY_TOKEN = "RAY_AUTH_TOKEN"
-# vLLM's OpenAI server requires this key on /v1 when the variable is set (vllm/envs.py, read by
-# the API server as --api-key's fallback): the key never appears on a command line
-API_KEY = "VLLM_API_KEY"
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
@@ -96,11 +87,11 @@ def beyond_loopback(address: str) -> bool:
 
 def serve_env(params: Params, node: Node) -> dict[str, str]:
     """What every serving container needs besides the fabric binding (see :func:`fabric_env`):
-    vLLM's own address on the fabric, Ray's memory monitor off (on GB10 the unified memory is the
-    GPU's, and the monitor kills workers that hold the model), then the parameters' extras but
-    the secrets among them (those go through the secrets file: see :func:`secrets`)."""
+    the engine's own (its address on the fabric), Ray's memory monitor off (on GB10 the unified
+    memory is the GPU's, and the monitor kills workers that hold the model), then the parameters'
+    extras but the secrets among them (those go through the secrets file: see :func:`secrets`)."""
     hidden = secrets_written(params)
-    return {"VLLM_HOST_IP": node.fabric_address, "RAY_memory_monitor_refresh_ms": "0",
+    return {**engine.serve_env(node), "RAY_memory_monitor_refresh_ms": "0",
             **{k: v for k, v in params.serving.env.items() if k not in hidden}}
 
 
@@ -110,33 +101,9 @@ def container_env(params: Params, node: Node) -> dict[str, str]:
 
 
 def serve_args(params: Params, node: Node) -> list[str]:
-    """``vllm serve`` for ``node``: on the head only with the Ray executor, on every node with mp."""
-    s, p = params.serving, params
-    args = ["vllm", "serve", p.model.path, "--tensor-parallel-size", str(s.tensor_parallel_size),
-            "--pipeline-parallel-size", str(s.pipeline_parallel_size),
-            "--gpu-memory-utilization", f"{s.gpu_memory_utilization:g}"]
-    if s.served_model_name:
-        args += ["--served-model-name", s.served_model_name]
-    if s.max_model_len:
-        args += ["--max-model-len", str(s.max_model_len)]
-    if s.reasoning_parser:
-        args += ["--reasoning-parser", s.reasoning_parser]
-    if s.tool_call_parser:
-        args += ["--tool-call-parser", s.tool_call_parser]
-        if "--enable-auto-tool-choice" not in s.extra_args:
-            args.append("--enable-auto-tool-choice")
-    if s.executor == "ray":
-        args += ["--distributed-executor-backend", "ray"]
-    elif len(p.serving_nodes) > 1:
-        rank = p.serving_nodes.index(node)
-        args += ["--distributed-executor-backend", "mp", "--nnodes", str(len(p.serving_nodes)),
-                 "--node-rank", str(rank), "--master-addr", p.head.fabric_address,
-                 "--master-port", str(p.ports.master)]
-        if rank:
-            args.append("--headless")
-    if node.role == "head":
-        args += ["--host", api_bind(p), "--port", str(p.ports.api)]
-    return args + list(s.extra_args)
+    """The engine's serve command for ``node`` (:func:`sparkbook.serving.vllm.serve_args`), its API
+    on :func:`api_bind`."""
+    return engine.serve_args(params, node, api_bind(params))
 
 
 def ray_args(params: Params, node: Node) -> list[str]:
@@ -168,7 +135,7 @@ def secrets(params: Params, ray: bool, ray_token: str | None = None) -> dict[str
         out[RAY_TOKEN] = ray_token
     key = api_key(params)
     if key and not ray:
-        out[API_KEY] = key
+        out[engine.API_KEY] = key
     return out
 
 
@@ -193,7 +160,7 @@ def mounts(params: Params, node: Node) -> list[str]:
 
 def container_name(params: Params, ray: bool) -> str:
     """The name of the Ray container (``ray``) or of vllm serve's."""
-    return ray_container(params) if ray else params.runtime.container_name or named(params, "vllm")
+    return ray_container(params) if ray else params.runtime.container_name or named(params, engine.NAME)
 
 
 def container_command(params: Params, node: Node, ray: bool | None = None) -> list[str]:

@@ -25,7 +25,7 @@ from ..nodes import workdir
 from ..nodes.remote import Cluster
 from ..nodes.shell import script
 from ..params import Params
-from .commands import ENGINE_PATTERN, SERVE_FP, SERVE_PATTERN, api_key, secrets
+from .commands import SERVE_FP, api_key, secrets
 from .containers import secrets_file
 from .listeners import Listener, read_listeners
 from .logs import Diagnosis, collect_logs, diagnose
@@ -33,6 +33,7 @@ from .plan import plan
 from .ray import ray_nodes
 from .startup import ORDER, Stall, StallWatch, read_progress
 from .state import NodeState, node_states, port_conflicts, remove, require_image, start
+from .vllm import ENGINE_PATTERN, HEALTH, SERVE_PATTERN
 
 
 @dataclass
@@ -235,14 +236,14 @@ class Health(NamedTuple):
 
 
 def healthy(params: Params, timeout: float = 5) -> Health:
-    """Whether /health answers 200 and /v1/models lists a model (with the API key, when the
-    parameters name one): the served model IDs, what was seen."""
+    """Whether the engine's health path answers 200 and /v1/models lists a model (with the API
+    key, when the parameters name one): the served model IDs, what was seen."""
     key = api_key(params)
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
-        with _get(f"{params.endpoint}/health", timeout) as r:
+        with _get(params.endpoint + HEALTH, timeout) as r:
             if r.status != 200:
-                return Health(False, [], f"/health answered {r.status}")
+                return Health(False, [], f"{HEALTH} answered {r.status}")
         with _get(f"{params.endpoint}/v1/models", timeout, headers) as r:
             ids = [m["id"] for m in json.load(r).get("data", [])]
         return Health(bool(ids), ids, "ready" if ids else "/v1/models lists no model")

@@ -21,12 +21,13 @@ from ..nodes import workdir
 from ..nodes.remote import Cluster
 from ..nodes.shell import SCRIPTS
 from ..params import Params
+from . import vllm as engine
 from .commands import shown
 from .containers import docker_run, named
 from .plan import plan
 from .state import replace
 
-INSPECT_SCRIPT = SCRIPTS / "inspect_vllm.py"
+INSPECT_SCRIPT = SCRIPTS / engine.INSPECT_SCRIPT
 CACHE = "image_inspection.json"  # in the run folder: the last inspection, per image and model
 
 
@@ -93,7 +94,7 @@ def _inspect(params: Params, cluster: Cluster, info: ImageInfo) -> bool:
     no result (said in ``info.errors``)."""
     head = params.head
     workdir.prepare(params, cluster, [head])
-    remote = f"{workdir.workdir(params, head)}/inspect_vllm.py"
+    remote = f"{workdir.workdir(params, head)}/{INSPECT_SCRIPT.name}"
     cluster.put(INSPECT_SCRIPT, remote, [head]).check("copy the inspection script")
     name = named(params, "inspect")
     run = docker_run(params, head, name, ["python3", remote, params.model.path],

@@ -28,6 +28,7 @@ import openai
 from ..book.step import Outcome
 from ..book.verdict import FAIL, PASS, SKIP, WARN, Check
 from ..params import endpoint
+from ..serving import vllm as engine
 from .prompts import HELLO, NO_THINKING, REASONING, THINKING, TOOL, TOOL_NAME, TOOL_PROMPT
 
 if TYPE_CHECKING:
@@ -334,7 +335,7 @@ def run(base_url: str, model: str, *, reasoning_parser: str | None = None,
         except openai.AuthenticationError as e:
             return PASS, f"HTTP {e.status_code} without the key; the checks above passed with it", ""
         return FAIL, "GET /v1/models answered without the key", \
-            "vLLM requires no key: did VLLM_API_KEY reach the serving container (05's secrets file)?"
+            f"vLLM requires no key: did {engine.API_KEY} reach the serving container (05's secrets file)?"
 
     def tools(choice: str) -> str:
         return f"{post}: tools [{TOOL_NAME}], tool_choice {choice}, {budget}" + (

@@ -30,5 +30,10 @@ def table(outcome: Preflight) -> Table:
     return inventory.table(outcome.rows())
 
 
+def what_is_checked() -> Table:
+    """Every group of checks, in the verdict's order (the same list as ``sparkbook preflight --help``)."""
+    return preflight.checks_table()
+
+
 def checks(params: Params, outcome: Preflight) -> list[Check]:
     return preflight.checks(params, outcome)

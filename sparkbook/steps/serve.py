@@ -14,6 +14,7 @@ from ..facts import memfit
 from ..nodes.shell import command_line
 from ..params import Params
 from ..serving import listeners
+from ..serving import vllm as engine
 from ..serving.commands import api_bind, api_key, beyond_loopback
 from ..serving.deploy import Deployment, serve, vllm_running
 from ..serving.inspection import CACHE
@@ -98,14 +99,14 @@ def checks(params: Params, outcome: Deployment) -> list[Check]:
     if dep.ready:
         want = params.served_model
         return [Check("endpoint ready", head, PASS, f"{params.endpoint}: {', '.join(dep.models)} "
-                      f"({dep.action}, {dep.seconds:.0f} s)", "/health and /v1/models answer"),
+                      f"({dep.action}, {dep.seconds:.0f} s)", f"{engine.HEALTH} and /v1/models answer"),
                 Check("served model", head, PASS if want in dep.models else FAIL, ", ".join(dep.models), want,
                       "" if want in dep.models else "check serving.served_model_name"),
                 *ray_worker_checks(params, dep), *key_check(params),
                 *listeners.checks(params, dep.listeners), *listeners.secret_checks(params, dep.secrets)]
     if dep.key_refused:
         return [Check("API key", head, FAIL, dep.seen, "/v1/models answers with the key of serving.api_key_env",
-                      "vLLM reads its key from VLLM_API_KEY: the variable serving.api_key_env names must "
+                      f"vLLM reads its key from {engine.API_KEY}: the variable serving.api_key_env names must "
                       "hold the same key, and nothing else may set one (an image's environment)")]
     out = []
     for node, how in dep.stopped.items():
