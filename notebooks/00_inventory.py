@@ -34,6 +34,17 @@ outcome = ctx.run()
 step.table(outcome)
 
 # %% [markdown]
+# ## CX-7 ports
+#
+# Every HCA port of every node, as `sparkbook discover` reads it (one more round trip): cabled or
+# not, speed, MTU, PCIe function, addresses and what persists them (an address nothing persists is
+# gone at the next reboot). Below the table: where the parameters' rails differ from what is cabled.
+# This is information; 01 judges the rails.
+
+# %%
+step.ports(ctx)
+
+# %% [markdown]
 # ## Troubleshooting
 #
 # **How long.** Measured in the lab (two simulated nodes on a 2-core machine, `sparkbook run` of
@@ -46,8 +57,8 @@ step.table(outcome)
 #
 # **Logs and outputs**, in the run folder (printed by the setup cell: `outputs/<time>-<deployment>/`
 # with `sparkbook run`, `outputs/interactive-<deployment>/` or `$SPARKBOOK_RUN_DIR` by hand):
-# `verdicts/00_inventory.json` (every check); `inventory.json` (every node's facts) and
-# `inventory.csv` (the table above).
+# `verdicts/00_inventory.json` (every check); `inventory.json` (every node's facts),
+# `inventory.csv` (the facts table) and `ports.csv` (the CX-7 ports table).
 
 # %% [markdown]
 # ## Verdict

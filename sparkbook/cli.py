@@ -147,6 +147,33 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     return 1 if found else 0
 
 
+def cmd_discover(args: argparse.Namespace) -> int:
+    from .setup import discover, draft
+    template = Path(args.template) if args.template else draft.default_template(len(args.hosts))
+    if not template.is_file():
+        raise SparkbookError(f"no template {template}: name a parameters file with --template")
+    draft.writable(Path(args.output), args.force)
+    cluster = discover.connect(args.hosts, user=args.user, port=args.port, key=args.key,
+                               known_hosts=args.known_hosts or [], connect_timeout=args.connect_timeout)
+    found = discover.discover(cluster)
+    print(discover.nodes_table(found).to_text())
+    failed = [f for f in found if f.error]
+    for f in failed:
+        print(f"FAIL {f.host}: {f.error}")
+    if failed:
+        print("nothing was written: every node must answer")
+        return 1
+    print(discover.table(found).to_text())
+    d = draft.draft(found, template.read_text(), name=args.name, user=args.user, port=args.port, key=args.key,
+                    known_hosts=args.known_hosts)
+    path = draft.write(d, Path(args.output), force=args.force)
+    print(f"layout: {d.layout}")
+    for note in d.notes:
+        print(f"NOTE {note}")
+    print(f"parameters: {path} (validated; the sections besides the nodes from {template})")
+    return 0
+
+
 def cmd_lab(args: argparse.Namespace) -> int:
     from .book.tables import Table
     from .lab import Lab, faults
@@ -252,6 +279,27 @@ def parser() -> argparse.ArgumentParser:
                        f"fails. The rows: {checks_summary()}.")
     _params_arg(p)
     p.set_defaults(func=cmd_preflight)
+
+    p = sub.add_parser("discover", help="read the nodes and write a parameters file for them",
+                       description="Ask every node, in one SSH round trip each and changing nothing, what it "
+                       "is (OS, kernel, GPU, memory, the management interface) and what its CX-7 ports are "
+                       "(cabled, speed, MTU, PCIe function, addresses, who persists them); then write a "
+                       "parameters file: the nodes (hostnames, the first host the head) and their rails from "
+                       "what was found, every other section from a template. What could not be decided is a "
+                       "comment saying why. Exit code 1 when a node cannot be reached (nothing written).")
+    p.add_argument("hosts", nargs="+", metavar="HOST", help="address, host name or ~/.ssh/config alias; the first is the head")
+    p.add_argument("-o", "--output", default="parameters/discovered.yaml", help="the file to write (default: %(default)s)")
+    p.add_argument("--force", action="store_true", help="replace the output file if it exists")
+    p.add_argument("--template", help="the parameters file the other sections come from (default: "
+                   "parameters/dgx-spark-pair.yaml, or dgx-spark-quad.yaml for more than two nodes)")
+    p.add_argument("--name", default="discovered", help="the deployment's name (default: %(default)s)")
+    p.add_argument("--user", help="SSH user on every node (default: ~/.ssh/config's, or yours)")
+    p.add_argument("--port", type=int, help="SSH port on every node")
+    p.add_argument("--key", help="private key file on this machine")
+    p.add_argument("--known-hosts", action="append", metavar="FILE",
+                   help="a known_hosts file read besides ~/.ssh/known_hosts (repeatable)")
+    p.add_argument("--connect-timeout", type=float, default=10, help="seconds (default: %(default)s)")
+    p.set_defaults(func=cmd_discover)
 
     p = sub.add_parser("diagnose", help="name known failures in log files; exit 1 when one is found",
                        description="Read vLLM, NCCL, Ray, torch or Docker logs (files, or - for "

@@ -4,6 +4,7 @@ that `sparkbook lab up --nodes 4` writes. The session's 2-node lab is taken down
 workers come up holding the head's images: tests/conftest.py's `resized`), and a 2-node test run
 after it gets its 2 nodes back."""
 
+import csv
 import json
 import re
 import urllib.request
@@ -94,6 +95,20 @@ def test_preflight_names_the_switch_and_reaches_the_serving_ports_between_all_no
     assert len(layout) == 1 and layout[0]["status"] == "PASS" and "switch" in layout[0]["observed"]
     tcp = {c["node"]: c["status"] for c in checks if c["check"].startswith("tcp")}
     assert tcp == {n: "PASS" for n in NODES}
+
+
+def test_inventory_lists_every_nodes_cx7_ports_and_the_rails_are_the_cabled_ones(quad_run):
+    """00's ports table (`sparkbook discover`'s reading) on 4 nodes: each node's two cabled twins
+    at its rail addresses, the two uncabled ones Down, and nothing that differs from the rails."""
+    out, _ = quad_run
+    with open(out / "ports.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    cabled = sorted((r["hostname"], r["netdev"], r["ipv4"]) for r in rows if r["link"] == "cabled")
+    assert cabled == sorted((n, i, f"10.77.{k}.{10 + j}/24") for j, n in enumerate(NODES, 1)
+                            for k, i in ((1, "enp1s0f1np1"), (2, "enP2p1s0f1np1")))
+    assert sorted(r["link"] for r in rows if r["link"] != "cabled") == ["Down"] * 8
+    shown = json.dumps(json.loads((out / "00_inventory.ipynb").read_text())["cells"])
+    assert "the parameters' rails are the cabled ports" in shown
 
 
 def test_the_report_shows_a_node_by_check_matrix(quad_run):

@@ -126,7 +126,7 @@ def test_the_top_level_holds_only_the_doors():
 # time; annotations may name a higher layer's types). The work folders of one layer do not import
 # each other, except what is served (serving/) and the benchmark's client (below).
 LAYERS = [{"version", "scripts"}, {"book"}, {"params"}, {"nodes"}, {"facts"},
-          {"collectives", "distribution", "preflight", "serving", "smoke", "bench"},
+          {"collectives", "distribution", "preflight", "serving", "smoke", "bench", "setup"},
           {"lab"}, {"notebook"}, {"record"}, {"runbook"}, {"steps"}, {"cli", "__init__"}]
 WORK = LAYERS[5]
 BENCH_CLIENT = {"sparkbook.bench.client", "sparkbook.bench.load", "sparkbook.bench.prompts",

@@ -24,7 +24,7 @@ from sparkbook.preflight import tcp
 from sparkbook.preflight.checks import GROUPS, markdown, summary
 from sparkbook.preflight import nodes as node_checks
 from sparkbook.preflight.collect import STALE, clock_skews, node_bundle, parse
-from sparkbook.preflight.layout import MIXED, PAIR, RING, SWITCH, classify
+from sparkbook.params.layout import MIXED, PAIR, RING, SWITCH, classify
 from sparkbook.nodes.remote import Cluster, Result
 from sparkbook.scripts import tcp_ports
 from sparkbook.steps import preflight as step

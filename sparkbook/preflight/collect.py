@@ -21,7 +21,7 @@ from ..params import Node, Params
 from ..serving import vllm as engine
 from . import tcp
 from .host_state import HostState, parse_host_state
-from .layout import RING, classify
+from ..params.layout import RING, classify
 
 # Processes that hold GPU memory when left over from an earlier run: the engine's, Ray's, torchrun.
 STALE = rf"{engine.STALE}|raylet|gcs_server|ray::|torchrun"

@@ -12,7 +12,7 @@ from ..facts.parsers import NO_FEC, Gid
 from ..params import Node, Params, Rail
 from ..serving.containers import nccl_gid_index
 from .collect import NodeReport, Preflight
-from .layout import MIXED, RING, classify
+from ..params.layout import MIXED, RING, classify
 
 
 def rails(params: Params, pf: Preflight) -> Iterator[Check]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..params import Params
+from . import Params
 
 PAIR, SWITCH, RING, MIXED = "direct pair", "switch", "ring/mesh", "mixed"
 

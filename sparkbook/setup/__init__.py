@@ -1,0 +1,1 @@
+"""Day one: from "cabled, SSH works" to a parameters file (discover, draft)."""

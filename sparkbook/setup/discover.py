@@ -1,0 +1,178 @@
+"""Day one, first half: what the nodes are, read before any parameters file exists.
+
+:func:`discover` asks every node, all at once and in one SSH round trip each
+(``scripts/discover.sh``, read-only), for its identity (OS, kernel, arch, BIOS), GPU, memory, the
+management address the session arrived at, and every netdev of an HCA: its link state and carrier,
+speed, MTU, PCIe function, firmware, addresses, and who persists them (netplan, networkd, ifupdown,
+NetworkManager, DHCP; an address none of them names lives until the next reboot). A port is
+cabled when ibdev2netdev says Up and the netdev has carrier.
+
+:mod:`sparkbook.setup.draft` turns what was found into a parameters file.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from ..book.tables import Table
+from ..facts.parsers import parse_ibdev2netdev, parse_meminfo, parse_nvidia_smi_csv, parse_sections
+from ..nodes.remote import Cluster
+from ..nodes.shell import script
+from ..params import validate
+
+GPU_FIELDS = ["name", "memory.total", "driver_version"]
+LINK_LOCAL = ipaddress.ip_network("169.254.0.0/16")  # netplan's link-local: not a rail's address
+
+
+@dataclass
+class Port:
+    """One netdev of an HCA, as the node showed it."""
+    hca: str
+    netdev: str
+    up: bool                  # ibdev2netdev: the HCA's port is Up (cabled, and the far end too)
+    present: bool = True      # the netdev exists (ibdev2netdev may name one the kernel lacks)
+    carrier: bool = False
+    operstate: str = ""
+    speed_mbps: int | None = None
+    mtu: int | None = None
+    pci: str = ""
+    firmware: str = ""
+    addresses: list[tuple[str, int, bool]] = field(default_factory=list)  # (ip, prefix, by DHCP)
+    owners: list[str] = field(default_factory=list)  # what persists its addresses
+
+    @property
+    def cabled(self) -> bool:
+        return self.up and self.present and self.carrier
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        """The port's IPv4 address for a rail: the first that is neither link-local nor DHCP's."""
+        usable = [(ip, p) for ip, p, dhcp in self.addresses
+                  if not dhcp and ipaddress.ip_address(ip) not in LINK_LOCAL]
+        return usable[0] if usable else None
+
+    @property
+    def owner(self) -> str:
+        if any(dhcp for *_, dhcp in self.addresses):
+            return "DHCP"
+        return ", ".join(self.owners) or ("runtime only (gone at the next reboot)" if self.addresses else "")
+
+
+@dataclass
+class Found:
+    """One node: what it said, or why it could not be asked."""
+    host: str
+    error: str = ""
+    identity: dict[str, str] = field(default_factory=dict)
+    gpus: list[dict] = field(default_factory=list)
+    mem_gib: float | None = None
+    mgmt_interface: str = ""
+    ports: list[Port] = field(default_factory=list)
+
+    @property
+    def hostname(self) -> str:
+        return self.identity.get("hostname", "")
+
+    @property
+    def cabled(self) -> list[Port]:
+        return [p for p in self.ports if p.cabled]
+
+
+def _pairs(text: str) -> dict[str, str]:
+    return dict(ln.partition("=")[::2] for ln in text.splitlines() if "=" in ln)
+
+
+def _int(text: str) -> int | None:
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    return value if value >= 0 else None  # a down link's speed reads -1
+
+
+def parse(host: str, stdout: str) -> Found:
+    """One node's ``discover.sh`` output."""
+    s = parse_sections(stdout)
+    found = Found(host, identity=_pairs(s.get("identity", "")))
+    if not s.get("gpu", "").strip().endswith("unavailable"):
+        found.gpus = parse_nvidia_smi_csv(s.get("gpu", ""), GPU_FIELDS)
+    mem = parse_meminfo(s.get("meminfo", "")).get("MemTotal")
+    found.mem_gib = round(mem / 2**30, 1) if mem else None
+    try:
+        links = {li["ifname"]: li for li in json.loads(s.get("links") or "[]")}
+    except json.JSONDecodeError:
+        links = {}
+    mgmt = found.identity.get("mgmt", "")
+    found.mgmt_interface = next((name for name, li in links.items()
+                                 for a in li.get("addr_info", []) if mgmt and a.get("local") == mgmt), "")
+    for hca, rail in parse_ibdev2netdev(s.get("ibdev2netdev", "")).items():
+        kv = _pairs(s.get(f"port {rail['netdev']}", ""))
+        li = links.get(rail["netdev"], {})
+        addresses = [(a["local"], int(a["prefixlen"]), bool(a.get("dynamic")))
+                     for a in li.get("addr_info", []) if a.get("family") == "inet"]
+        owners = [f"{tool} ({kv[tool].strip()})" for tool in ("netplan", "networkd", "ifupdown") if kv.get(tool, "").strip()]
+        if kv.get("nm"):
+            owners.append(f"NetworkManager ({kv['nm']}, ipv4.method {kv.get('nm_method') or 'unknown'})")
+        found.ports.append(Port(
+            hca, rail["netdev"], rail["up"], present=bool(li), carrier="LOWER_UP" in li.get("flags", []),
+            operstate=li.get("operstate", ""), speed_mbps=_int(kv.get("speed", "")), mtu=li.get("mtu"),
+            pci=kv.get("pci", ""), firmware=kv.get("firmware", "").split(" ")[0], addresses=addresses,
+            owners=owners))
+    found.ports.sort(key=lambda p: (p.netdev.lower(), p.netdev))
+    return found
+
+
+def connect(hosts: Iterable[str], *, user: str | None = None, port: int | None = None, key: str | None = None,
+            known_hosts: Iterable[str] = (), connect_timeout: float = 10) -> Cluster:
+    """A cluster of ``hosts`` (names, addresses or ~/.ssh/config aliases) before any parameters
+    file, checked as a parameters file's nodes are (one ParamsError naming each bad field); host
+    keys are checked as always. The nodes are named ``node-1``... until they say their names."""
+    hosts = list(hosts)
+    extra = {k: v for k, v in (("user", user), ("port", port), ("key", key)) if v is not None}
+    params = validate({
+        # what a parameters file needs besides the nodes, valid and never used
+        "name": "discovery", "model": {"name": "discovery", "path": "/nonexistent/discovery"},
+        "runtime": {"image": "sparkbook/discovery"}, "serving": {"tensor_parallel_size": len(hosts)},
+        "nodes": [{"name": f"node-{i + 1}", "host": h, "role": "head" if i == 0 else "worker", **extra}
+                  for i, h in enumerate(hosts)],
+        "ssh": {"known_hosts": list(known_hosts), "connect_timeout": connect_timeout}})
+    return Cluster.from_params(params)
+
+
+def discover(cluster: Cluster, timeout: float = 60) -> list[Found]:
+    """Every node of ``cluster``, in one round trip each, all at once."""
+    results = cluster.run(script("discover.sh"), timeout=timeout, env={"LC_ALL": "C"})
+    out = []
+    for node in cluster.nodes:
+        r = results[node.name]
+        out.append(Found(node.host, error=r.error or r.summary()) if r.error or not r.ok else parse(node.host, r.stdout))
+    return out
+
+
+def table(found: list[Found]) -> Table:
+    """One row per HCA netdev of every node that answered."""
+    rows = [[f.host, f.hostname, p.netdev, p.hca, p.pci, "cabled" if p.cabled else "Up" if p.up else "Down",
+             f"{p.speed_mbps // 1000} Gb/s" if p.speed_mbps else "", p.mtu or "",
+             ", ".join(f"{ip}/{prefix}" for ip, prefix, _ in p.addresses), p.owner]
+            for f in found if not f.error for p in f.ports]
+    return Table(["host", "hostname", "netdev", "hca", "pci", "link", "speed", "mtu", "ipv4", "persisted by"],
+                 rows, title="CX-7 ports found")
+
+
+def nodes_table(found: list[Found]) -> Table:
+    """One row per node: what it is, or why it could not be asked."""
+    rows = []
+    for f in found:
+        if f.error:
+            rows.append([f.host, f.error, *[""] * 7])
+            continue
+        gpu = (f"{f.gpus[0].get('name')} x{len(f.gpus)}, driver {f.gpus[0].get('driver_version')}"
+               if f.gpus else "no GPU seen")
+        rows.append([f.host, f.error or f.hostname, f.identity.get("os", ""), f.identity.get("kernel", ""),
+                     f.identity.get("arch", ""), gpu, f"{f.mem_gib} GiB" if f.mem_gib else "",
+                     f.mgmt_interface, f"{len(f.cabled)} of {len(f.ports)}"])
+    return Table(["host", "hostname", "os", "kernel", "arch", "gpu", "memory", "management", "ports cabled"],
+                 rows, title="Nodes found")
