@@ -45,7 +45,8 @@ def test_a_spark_with_one_cable_in_port_0_has_its_f0_twins_cabled_and_link_local
              link("enp1s0f0np0", ("169.254.20.98", 16, False)), link("enP2p1s0f0np0", ("192.168.2.15", 24, False)),
              link("enp1s0f1np1", up=False), link("enP2p1s0f1np1", up=False)]
     ports = {"enp1s0f0np0": "firmware=28.45.4028 (NVD0000000087)\npci=0000:01:00.0\nspeed=200000\nnetplan=/etc/netplan/40-cx7.yaml ",
-             "enP2p1s0f0np0": "pci=0002:01:00.0\nspeed=200000\nnm=Wired connection 2\nnm_method=manual"}
+             "enP2p1s0f0np0": "pci=0002:01:00.0\nspeed=200000\nnm=Wired connection 2\nnm_method=manual",
+             "enp1s0f1np1": "netplan=?/etc/netplan/50-cloud-init.yaml "}
     found = discover.parse("spark-a", spark_output(field_sample("ibdev2netdev-1.txt"), links, ports))
     assert (found.hostname, found.mgmt_interface, found.mem_gib) == ("spark-fb97", "enP7s7", 119.7)
     assert found.gpus[0]["name"] == "NVIDIA GB10" and found.gpus[0]["memory.total"] is None
@@ -56,6 +57,9 @@ def test_a_spark_with_one_cable_in_port_0_has_its_f0_twins_cabled_and_link_local
     assert f0_2.address == ("192.168.2.15", 24)
     assert f0_2.owner == "NetworkManager (Wired connection 2, ipv4.method manual)"
     assert [p.up for p in found.ports if not p.cabled] == [False, False]
+    # a netplan file this user cannot read (mode 600) may persist the address: not "runtime only"
+    f1 = next(p for p in found.ports if p.netdev == "enp1s0f1np1")
+    assert f1.owners == ["netplan? (/etc/netplan/50-cloud-init.yaml not readable without root)"]
 
 
 def port(netdev, hca, ip=None, prefix=24, dhcp=False, mtu=9000, owners=("netplan (/etc/netplan/40-cx7.yaml)",)):

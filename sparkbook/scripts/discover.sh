@@ -9,7 +9,7 @@
 #               it where the tool is missing
 #   port NETDEV key=value lines for each netdev of an HCA: firmware and pci (the PCIe function,
 #               ethtool -i's bus-info), speed (Mb/s, ethtool), and who persists its addresses:
-#               netplan (the files naming it), networkd (.network files naming it), ifupdown
+#               netplan (the files naming it; ?FILE one it cannot read), networkd (.network files naming it), ifupdown
 #               (/etc/network/interfaces names it), nm (NetworkManager's profile on it) and
 #               nm_method (that profile's ipv4.method; auto is DHCP)
 #   links       ip -j addr show: each netdev's state, carrier (LOWER_UP), MTU and addresses, read
@@ -20,10 +20,15 @@ export LC_ALL=C
 ib_sysfs=${SPARKBOOK_IB_SYSFS:-/sys/class/infiniband}  # tests point it at a tree of their own
 
 value() { cat "$1" 2>/dev/null || true; }
-naming() {  # the files among "$@" that name the interface $iface as a word
+naming() {  # the files among "$@" that name the interface $iface as a word; ?FILE: not readable
   local file
   for file in "$@"; do
-    [ -f "$file" ] && grep -qw -- "$iface" "$file" 2>/dev/null && printf '%s ' "$file"
+    [ -f "$file" ] || continue
+    if [ ! -r "$file" ]; then
+      printf '?%s ' "$file"  # netplan files are often root's alone (mode 600)
+    elif grep -qw -- "$iface" "$file" 2>/dev/null; then
+      printf '%s ' "$file"
+    fi
   done
   return 0
 }

@@ -113,7 +113,14 @@ def parse(host: str, stdout: str) -> Found:
         li = links.get(rail["netdev"], {})
         addresses = [(a["local"], int(a["prefixlen"]), bool(a.get("dynamic")))
                      for a in li.get("addr_info", []) if a.get("family") == "inet"]
-        owners = [f"{tool} ({kv[tool].strip()})" for tool in ("netplan", "networkd", "ifupdown") if kv.get(tool, "").strip()]
+        owners = []
+        for tool in ("netplan", "networkd", "ifupdown"):
+            files = kv.get(tool, "").split()
+            named, unread = [f for f in files if not f.startswith("?")], [f[1:] for f in files if f.startswith("?")]
+            if named:
+                owners.append(f"{tool} ({' '.join(named)})")
+            elif unread:  # it may persist the address: not read as this user, so not called runtime only
+                owners.append(f"{tool}? ({' '.join(unread)} not readable without root)")
         if kv.get("nm"):
             owners.append(f"NetworkManager ({kv['nm']}, ipv4.method {kv.get('nm_method') or 'unknown'})")
         found.ports.append(Port(
