@@ -1,9 +1,10 @@
 """Day one's discovery (`sparkbook discover`): what a node's script output says, which ports are
 cabled and which addresses a rail may take, the parameters file drafted from it (valid as written,
-each undecided value a comment that says why), and on the lab the file it writes for the lab's
-own nodes."""
+each undecided value a comment that says why, or not written with the fields and notes said), and
+on the lab the file it writes for the lab's own nodes."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,8 @@ def test_a_spark_with_one_cable_in_port_0_has_its_f0_twins_cabled_and_link_local
     assert f0_2.address == ("192.168.2.15", 24)
     assert f0_2.owner == "NetworkManager (Wired connection 2, ipv4.method manual)"
     assert [p.up for p in found.ports if not p.cabled] == [False, False]
+    # a stray line among nvidia-smi's rows: the GPU unseen, the rest read
+    assert discover.parse("x", spark_output("", [], {}).replace("NVIDIA GB10, [N/A], 580.95.05", "WARNING: x")).gpus == []
     # a netplan file this user cannot read (mode 600) may persist the address: not "runtime only"
     f1 = next(p for p in found.ports if p.netdev == "enp1s0f1np1")
     assert f1.owners == ["netplan? (/etc/netplan/50-cloud-init.yaml not readable without root)"]
@@ -97,6 +100,8 @@ def test_what_cannot_be_decided_is_a_comment_and_a_note_never_a_guess():
     a.ports[0] = port("enP2p1s0f1np1", "roceP2p1s0f1", "10.9.9.9", dhcp=True, owners=())
     b.ports[0] = port("enP2p1s0f1np1", "roceP2p1s0f1", mtu=1500, owners=())
     b.ports[1].owners = []  # an address nothing persists
+    a.ports[1].owners, a.ports[1].nm_method = [], "auto"  # set by hand on a profile that asks DHCP
+    assert a.ports[1].owner.startswith("DHCP (NetworkManager's profile")
     d = draft.draft([a, b], PAIR, name="mine")
     assert [n.name for n in d.params.nodes] == ["node-1", "node-2"]
     assert [len(n.rails) for n in d.params.nodes] == [1, 1]
@@ -106,8 +111,34 @@ def test_what_cannot_be_decided_is_a_comment_and_a_note_never_a_guess():
     said = "\n".join(d.notes)
     for words in ("hostnames (spark, spark) are not distinct", "node-2: enP2p1s0f1np1 has MTU 1500, not 9000",
                   "node-1: enP2p1s0f1np1 is cabled but its address comes from DHCP",
-                  "node-2: enp1s0f1np1's address 192.168.100.12/24 is set at runtime only"):
+                  "node-2: enp1s0f1np1's address 192.168.100.12/24 is set at runtime only",
+                  "node-1: enp1s0f1np1's address 192.168.100.11/24 sits on a NetworkManager profile that asks DHCP"):
         assert words in said, (words, said)
+
+
+def test_rails_not_on_every_node_are_left_out_and_a_node_without_any_leaves_the_others_commented():
+    a, b = spark("10.0.0.11", "a", 11), spark("10.0.0.12", "b", 12)
+    b.ports[0] = port("enP2p1s0f1np1", "roceP2p1s0f1", "10.5.5.5")  # the second twin on another subnet
+    d = draft.draft([a, b], PAIR, name="mine")
+    assert [[r.interface for r in n.rails] for n in d.params.nodes] == [["enp1s0f1np1"], ["enp1s0f1np1"]]
+    assert d.layout == "direct pair, 2 nodes, 1 rail"
+    assert "# - {interface: enP2p1s0f1np1, ip: 10.5.5.5, prefix: 24, hca: roceP2p1s0f1}  # its subnet " \
+           "10.5.5.0/24 is not on every node" in d.text
+    assert any(n.startswith("b: enP2p1s0f1np1 (10.5.5.5/24) is left out") for n in d.notes)
+    # NVIDIA's netplan gives the ports link-local addresses: a node with no rail of its own yet
+    b.ports = [port("enP2p1s0f1np1", "roceP2p1s0f1", "169.254.3.4", prefix=16), port("enp1s0f1np1", "rocep1s0f1")]
+    d = draft.draft([a, b], PAIR, name="mine")
+    assert [n.rails for n in d.params.nodes] == [[], []] and "    rails: []" in d.text
+    assert "cabled, but it has only a link-local address" in d.text and "cabled, but it has no IPv4 address" in d.text
+
+
+def test_a_file_that_cannot_validate_names_its_fields_and_what_was_noted():
+    a, b = spark("10.0.0.11", "a", 11), spark("10.0.0.12", "b", 12)
+    b.ports[1].mtu = 1500
+    with pytest.raises(draft.DraftError) as e:
+        draft.draft([a, b], PAIR, name="mine", user="-oProxyCommand=x")
+    assert {f for f, _ in e.value.problems} == {"nodes[0].user", "nodes[1].user"}
+    assert "NOTE b: enp1s0f1np1 has MTU 1500, not 9000" in str(e.value)
 
 
 def test_four_nodes_from_the_pair_template_get_tp_4_and_a_ring_is_named_unsupported():
@@ -192,4 +223,4 @@ def test_discover_on_the_lab_writes_the_labs_own_nodes(lab, params, tmp_path, ca
     assert [n.model_dump() for n in written.nodes] == [n.model_dump() for n in params.nodes]
     assert "layout: direct pair, 2 nodes, 2 rails" in printed
     assert "enp1s0f1np1's address 10.77.1.11/24 is set at runtime only" in printed
-    assert "enp1s0f0np0    rocep1s0f0                  Down" in printed  # the uncabled twin, shown
+    assert re.search(r"spark-2\s+enp1s0f0np0\s+rocep1s0f0\s+Down", printed)  # the uncabled twin, shown

@@ -291,6 +291,10 @@ def test_a_rail_networkmanager_sets_by_dhcp_warns_with_the_nmcli_that_makes_it_s
     # the profile's name stays one argument after `id`, never an option
     assert "nmcli connection modify id '--Wired connection 1' ipv4.method manual ipv4.addresses 10.77.1.11/24" in dhcp.remedy
     assert "802-3-ethernet.mtu 9000" in dhcp.remedy and (static.status, static.remedy) == (PASS, "")
+    # a method nmcli did not give (a profile it could not show): maybe DHCP, so not a PASS
+    first["host"]["nm"] = {"enp1s0f1np1": {"connection": "cx7:0", "method": ""}}
+    [unread] = dhcp_rows(first)
+    assert unread.status == WARN and unread.observed.endswith("ipv4.method unknown")
     # nmcli absent, or rails NetworkManager does not manage: no row
     assert parse_host_state({"memlock": "1 1", "nm enp1s0f1np1": "nmcli unavailable"})["nm"] is None
     first["host"]["nm"] = {"enp1s0f1np1": {"connection": "", "method": ""}}

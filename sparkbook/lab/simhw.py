@@ -411,10 +411,12 @@ def df(args: list[str], s: dict) -> int:
 
 
 def nmcli(args: list[str], s: dict) -> int:
-    """NetworkManager as `nmcli -g FIELD device show IF` and `nmcli -g FIELD connection show id
-    NAME` answer (nmcli(1): -g prints the value alone): ``nm_dhcp``'s interface on its profile, set
+    """NetworkManager as `nmcli [--escape no] -g FIELD device show IF` and `... -g FIELD connection
+    show id NAME` answer (nmcli(1): -g prints the value alone): ``nm_dhcp``'s interface on its profile, set
     by DHCP (ipv4.method auto); every other interface unmanaged (an empty connection)."""
     nm = s.get("nm_dhcp") or {}
+    if args[:2] == ["--escape", "no"]:
+        args = args[2:]
     if args[:1] != ["-g"] or len(args) < 5:
         print("sparkbook lab: this simulated nmcli answers only -g FIELD device|connection show ...", file=sys.stderr)
         return 2

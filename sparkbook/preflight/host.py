@@ -175,7 +175,7 @@ def rail_dhcp(params: Params, pf: Preflight) -> Iterator[Check]:
             if not nm or not nm["connection"]:
                 continue
             seen = f"{rail.interface}: profile {nm['connection']!r}, ipv4.method {nm['method'] or 'unknown'}"
-            dhcp = nm["method"] == "auto"
+            dhcp = nm["method"] in ("auto", "")  # unread: it may be DHCP, so not a PASS
             fix = shlex.join(["sudo", "nmcli", "connection", "modify", "id", nm["connection"], "ipv4.method",
                               "manual", "ipv4.addresses", f"{rail.ip}/{rail.prefix}", "802-3-ethernet.mtu",
                               str(params.expectations.mtu)])

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import TypedDict
 
-from ..facts.parsers import parse_meminfo
+from ..facts.parsers import parse_key_values, parse_meminfo
 
 
 class GpuClocks(TypedDict):
@@ -81,7 +81,7 @@ def parse_host_state(sections: dict[str, str]) -> HostState | None:
         if key.startswith("ethtool-i ") and (m := re.search(r"^firmware-version:\s*(\S+)", text, re.M)):
             firmware[key.split(maxsplit=1)[1]] = m[1]
         elif key.startswith("nm ") and not text.strip().endswith("unavailable"):
-            values = dict(ln.partition("=")[::2] for ln in text.splitlines() if "=" in ln)
+            values = parse_key_values(text)
             nm[key.split(maxsplit=1)[1]] = {"connection": values.get("connection", ""),
                                             "method": values.get("method", "")}
     return {

@@ -64,9 +64,9 @@ elif [ -d "$ib_sysfs" ]; then
 fi
 echo "@@ ibdev2netdev"
 if [ -n "$map" ]; then printf '%s\n' "$map"; else echo "ibdev2netdev unavailable"; fi
-ifaces=$(sed -n 's/.*==> \([^ ]*\) .*/\1/p' <<<"$map" | sort -u)
-
-for iface in $ifaces; do
+# netdev names as the node printed them: only a name an interface can have goes on (never an option)
+sed -n 's/.*==> \([^ ]*\) .*/\1/p' <<<"$map" | sort -u | grep -E '^[A-Za-z0-9_][A-Za-z0-9._-]*$' |
+while IFS= read -r iface; do
   echo "@@ port $iface"
   info=$(ethtool -i "$iface" 2>/dev/null || true)
   echo "firmware=$(sed -n 's/^firmware-version: *//p' <<<"$info")"
@@ -76,10 +76,11 @@ for iface in $ifaces; do
   echo "networkd=$(naming /etc/systemd/network/*.network /run/systemd/network/*.network)"
   echo "ifupdown=$(naming /etc/network/interfaces /etc/network/interfaces.d/*)"
   if command -v nmcli >/dev/null; then
-    # nmcli(1): -g prints the field's value alone; `id NAME` keeps a name from reading as an option
-    nm=$(nmcli -g GENERAL.CONNECTION device show "$iface" 2>/dev/null || true)
+    # nmcli(1): -g prints the field's value alone (--escape no: a ':' in a name stays as it is);
+    # `id NAME` keeps a name from reading as an option
+    nm=$(nmcli --escape no -g GENERAL.CONNECTION device show "$iface" 2>/dev/null || true)
     echo "nm=$nm"
-    [ -z "$nm" ] || echo "nm_method=$(nmcli -g ipv4.method connection show id "$nm" 2>/dev/null || true)"
+    [ -z "$nm" ] || echo "nm_method=$(nmcli --escape no -g ipv4.method connection show id "$nm" 2>/dev/null || true)"
   fi
 done
 

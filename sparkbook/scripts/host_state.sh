@@ -21,10 +21,11 @@ for interface in "$@"; do
   ethtool -i "$interface" 2>/dev/null || echo "ethtool unavailable"
   echo "@@ nm $interface"
   if command -v nmcli >/dev/null; then
-    # nmcli(1): -g prints the field's value alone; `id NAME` keeps a name from reading as an option
-    connection=$(nmcli -g GENERAL.CONNECTION device show "$interface" 2>/dev/null || true)
+    # nmcli(1): -g prints the field's value alone (--escape no: a ':' in a name stays as it is);
+    # `id NAME` keeps a name from reading as an option
+    connection=$(nmcli --escape no -g GENERAL.CONNECTION device show "$interface" 2>/dev/null || true)
     echo "connection=$connection"
-    [ -z "$connection" ] || echo "method=$(nmcli -g ipv4.method connection show id "$connection" 2>/dev/null || true)"
+    [ -z "$connection" ] || echo "method=$(nmcli --escape no -g ipv4.method connection show id "$connection" 2>/dev/null || true)"
   else
     echo "nmcli unavailable"
   fi

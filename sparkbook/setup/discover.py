@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from ..book.tables import Table
-from ..facts.parsers import parse_ibdev2netdev, parse_meminfo, parse_nvidia_smi_csv, parse_sections
+from ..facts.parsers import (parse_ibdev2netdev, parse_key_values, parse_meminfo, parse_nvidia_smi_csv,
+                             parse_sections)
 from ..nodes.remote import Cluster
 from ..nodes.shell import script
 from ..params import validate
 
 GPU_FIELDS = ["name", "memory.total", "driver_version"]
-LINK_LOCAL = ipaddress.ip_network("169.254.0.0/16")  # netplan's link-local: not a rail's address
 
 
 @dataclass
@@ -42,6 +42,7 @@ class Port:
     firmware: str = ""
     addresses: list[tuple[str, int, bool]] = field(default_factory=list)  # (ip, prefix, by DHCP)
     owners: list[str] = field(default_factory=list)  # what persists its addresses
+    nm_method: str = ""  # NetworkManager's profile on it: its ipv4.method ("auto" is DHCP)
 
     @property
     def cabled(self) -> bool:
@@ -49,15 +50,20 @@ class Port:
 
     @property
     def address(self) -> tuple[str, int] | None:
-        """The port's IPv4 address for a rail: the first that is neither link-local nor DHCP's."""
-        usable = [(ip, p) for ip, p, dhcp in self.addresses
-                  if not dhcp and ipaddress.ip_address(ip) not in LINK_LOCAL]
+        """The port's IPv4 address for a rail: the first that is neither link-local (netplan's
+        link-local option) nor DHCP's."""
+        usable = self.static
         return usable[0] if usable else None
 
     @property
+    def static(self) -> list[tuple[str, int]]:
+        return [(ip, p) for ip, p, dhcp in self.addresses if not dhcp and not ipaddress.ip_address(ip).is_link_local]
+
+    @property
     def owner(self) -> str:
-        if any(dhcp for *_, dhcp in self.addresses):
-            return "DHCP"
+        if any(dhcp for *_, dhcp in self.addresses) or self.nm_method == "auto":
+            return "DHCP" + (" (NetworkManager's profile: the address set by hand goes at the next reboot)"
+                             if self.nm_method == "auto" and not any(d for *_, d in self.addresses) else "")
         return ", ".join(self.owners) or ("runtime only (gone at the next reboot)" if self.addresses else "")
 
 
@@ -81,10 +87,6 @@ class Found:
         return [p for p in self.ports if p.cabled]
 
 
-def _pairs(text: str) -> dict[str, str]:
-    return dict(ln.partition("=")[::2] for ln in text.splitlines() if "=" in ln)
-
-
 def _int(text: str) -> int | None:
     try:
         value = int(text)
@@ -96,9 +98,12 @@ def _int(text: str) -> int | None:
 def parse(host: str, stdout: str) -> Found:
     """One node's ``discover.sh`` output."""
     s = parse_sections(stdout)
-    found = Found(host, identity=_pairs(s.get("identity", "")))
+    found = Found(host, identity=parse_key_values(s.get("identity", "")))
     if not s.get("gpu", "").strip().endswith("unavailable"):
-        found.gpus = parse_nvidia_smi_csv(s.get("gpu", ""), GPU_FIELDS)
+        try:
+            found.gpus = parse_nvidia_smi_csv(s.get("gpu", ""), GPU_FIELDS)
+        except ValueError:  # a warning among the rows: the GPU is shown as not seen, the rest goes on
+            found.gpus = []
     mem = parse_meminfo(s.get("meminfo", "")).get("MemTotal")
     found.mem_gib = round(mem / 2**30, 1) if mem else None
     try:
@@ -109,7 +114,7 @@ def parse(host: str, stdout: str) -> Found:
     found.mgmt_interface = next((name for name, li in links.items()
                                  for a in li.get("addr_info", []) if mgmt and a.get("local") == mgmt), "")
     for hca, rail in parse_ibdev2netdev(s.get("ibdev2netdev", "")).items():
-        kv = _pairs(s.get(f"port {rail['netdev']}", ""))
+        kv = parse_key_values(s.get(f"port {rail['netdev']}", ""))
         li = links.get(rail["netdev"], {})
         addresses = [(a["local"], int(a["prefixlen"]), bool(a.get("dynamic")))
                      for a in li.get("addr_info", []) if a.get("family") == "inet"]
@@ -121,13 +126,13 @@ def parse(host: str, stdout: str) -> Found:
                 owners.append(f"{tool} ({' '.join(named)})")
             elif unread:  # it may persist the address: not read as this user, so not called runtime only
                 owners.append(f"{tool}? ({' '.join(unread)} not readable without root)")
-        if kv.get("nm"):
+        if kv.get("nm") and kv.get("nm_method") != "auto":
             owners.append(f"NetworkManager ({kv['nm']}, ipv4.method {kv.get('nm_method') or 'unknown'})")
         found.ports.append(Port(
             hca, rail["netdev"], rail["up"], present=bool(li), carrier="LOWER_UP" in li.get("flags", []),
             operstate=li.get("operstate", ""), speed_mbps=_int(kv.get("speed", "")), mtu=li.get("mtu"),
             pci=kv.get("pci", ""), firmware=kv.get("firmware", "").split(" ")[0], addresses=addresses,
-            owners=owners))
+            owners=owners, nm_method=kv.get("nm_method", "") if kv.get("nm") else ""))
     found.ports.sort(key=lambda p: (p.netdev.lower(), p.netdev))
     return found
 
@@ -155,8 +160,18 @@ def discover(cluster: Cluster, timeout: float = 60) -> list[Found]:
     out = []
     for node in cluster.nodes:
         r = results[node.name]
-        out.append(Found(node.host, error=r.error or r.summary()) if r.error or not r.ok else parse(node.host, r.stdout))
+        if r.error or not r.ok:
+            out.append(Found(node.host, error=r.error or r.summary()))
+            continue
+        try:
+            out.append(parse(node.host, r.stdout))
+        except (ValueError, KeyError, TypeError) as e:  # output this parser does not know
+            out.append(Found(node.host, error=f"discover.sh printed what could not be read ({type(e).__name__}: {e})"))
     return out
+
+
+def gpu_summary(f: Found) -> str:
+    return f"{f.gpus[0].get('name')} x{len(f.gpus)}, driver {f.gpus[0].get('driver_version')}" if f.gpus else "no GPU seen"
 
 
 def table(found: list[Found]) -> Table:
@@ -176,10 +191,8 @@ def nodes_table(found: list[Found]) -> Table:
         if f.error:
             rows.append([f.host, f.error, *[""] * 7])
             continue
-        gpu = (f"{f.gpus[0].get('name')} x{len(f.gpus)}, driver {f.gpus[0].get('driver_version')}"
-               if f.gpus else "no GPU seen")
         rows.append([f.host, f.error or f.hostname, f.identity.get("os", ""), f.identity.get("kernel", ""),
-                     f.identity.get("arch", ""), gpu, f"{f.mem_gib} GiB" if f.mem_gib else "",
+                     f.identity.get("arch", ""), gpu_summary(f), f"{f.mem_gib} GiB" if f.mem_gib else "",
                      f.mgmt_interface, f"{len(f.cabled)} of {len(f.ports)}"])
     return Table(["host", "hostname", "os", "kernel", "arch", "gpu", "memory", "management", "ports cabled"],
                  rows, title="Nodes found")

@@ -4,8 +4,9 @@ The nodes (named by their hostnames, the first host the head) and their rails (e
 port with an IPv4 address of its own, ordered by subnet so that rail N is the same subnet on every
 node) are written from the nodes themselves, every other section from a template (a shipped
 parameters file: its comments kept). What could not be decided is written as a comment that
-says why and what to do, never as a guess, so the file validates as it is. The layout is judged
-as 01 judges it (:func:`sparkbook.params.layout.classify`).
+says why and what to do, never as a guess; a file that still does not validate is not written
+(:class:`DraftError`). The layout is judged as 01 judges it
+(:func:`sparkbook.params.layout.classify`).
 """
 
 from __future__ import annotations
@@ -21,12 +22,23 @@ import yaml
 
 from ..book.errors import SparkbookError
 from ..book.project import project_root
-from ..params import NAME_RE, Params, validate
+from ..params import NAME_RE, Params, ParamsError, validate
 from ..params.layout import MIXED, RING, classify
 from ..params.settings import Expectations
-from .discover import Found
+from .discover import Found, gpu_summary
 
 TOP_KEY = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*):")
+
+
+class DraftError(ParamsError):
+    """The drafted file does not validate: its bad fields, then what was noted while drafting."""
+
+    def __init__(self, source: str, problems: list[tuple[str, str]], notes: list[str]):
+        super().__init__(source, problems)
+        self.notes = notes
+
+    def __str__(self) -> str:
+        return "\n".join([super().__str__(), *(f"NOTE {n}" for n in self.notes)])
 
 
 @dataclass
@@ -68,9 +80,30 @@ def rails(f: Found, name: str, mtu: int) -> tuple[list[dict], list[str], list[st
         if p.owner.startswith("runtime only"):
             notes.append(f"{name}: {p.netdev}'s address {ip}/{prefix} is set at runtime only: nothing persists it, "
                          "so it is gone at the next reboot")
+        elif p.nm_method == "auto":
+            notes.append(f"{name}: {p.netdev}'s address {ip}/{prefix} sits on a NetworkManager profile that asks DHCP: "
+                         "make the profile static (01's rail dhcp row gives the nmcli command)")
         out.append({"interface": p.netdev, "ip": ip, "prefix": prefix, "hca": p.hca, "_seen": p})
     out.sort(key=lambda r: (ipaddress.ip_interface(f"{r['ip']}/{r['prefix']}").network, r["interface"]))
     return out, undecided, notes
+
+
+def _common_subnets(nodes: list[dict], undecided: dict[str, list[str]], notes: list[str]) -> None:
+    """Keep as rails only the subnets every node has a rail on (rail N is one subnet everywhere);
+    the others become commented lines with a note. Where every node has rails but no subnet is
+    common to all (a ring) they are left as found, for the layout to say what they draw."""
+    def net(r):
+        return ipaddress.ip_interface(f"{r['ip']}/{r['prefix']}").network
+    common = set.intersection(*({net(r) for r in n["rails"]} for n in nodes)) if nodes else set()
+    if not common and all(n["rails"] for n in nodes):
+        return
+    for n in nodes:
+        for r in [r for r in n["rails"] if net(r) not in common]:
+            n["rails"].remove(r)
+            undecided[n["name"]].append(f"# - {_scalar({k: r[k] for k in ('interface', 'ip', 'prefix', 'hca')})}"
+                                        f"  # its subnet {net(r)} is not on every node")
+            notes.append(f"{n['name']}: {r['interface']} ({r['ip']}/{r['prefix']}) is left out: its subnet is not on "
+                         "every node (cable the same twins on every node, one subnet per rail)")
 
 
 def _scalar(value: Any) -> str:
@@ -83,13 +116,13 @@ def nodes_yaml(found: list[Found], nodes: list[dict[str, Any]], undecided: dict[
     """The ``nodes:`` block, each node and rail with what was seen as a comment."""
     lines = ["nodes:"]
     for f, n in zip(found, nodes):
-        gpu = f"{f.gpus[0].get('name')} x{len(f.gpus)}, driver {f.gpus[0].get('driver_version')}" if f.gpus else "no GPU seen"
         lines.append(f"  # {f.hostname or f.host}: {f.identity.get('os', '?')}, kernel {f.identity.get('kernel', '?')}, "
-                     f"{f.identity.get('arch', '?')}, {gpu}, {f.mem_gib} GiB; management {f.mgmt_interface or '?'}")
+                     f"{f.identity.get('arch', '?')}, {gpu_summary(f)}, {f.mem_gib} GiB; management "
+                     f"{f.mgmt_interface or '?'}")
         lines.append(f"  - name: {_scalar(n['name'])}")
         lines += [f"    {key}: {_scalar(n[key])}" for key in ("host", "user", "port", "key") if n.get(key) is not None]
         lines.append(f"    role: {n['role']}")
-        lines.append("    rails:" + ("" if n["rails"] or undecided[n["name"]] else " []"))
+        lines.append("    rails:" + ("" if n["rails"] else " []"))  # comments alone would read as null
         for r in n["rails"]:
             p = r["_seen"]
             speed = f"{p.speed_mbps // 1000} Gb/s" if p.speed_mbps else "speed unknown"
@@ -119,8 +152,8 @@ def _blocks(text: str) -> list[tuple[str, str]]:
 def _known_hosts(block: str, files: list[str]) -> str:
     """The ``ssh:`` block with ``known_hosts`` set to ``files``."""
     line = f"  known_hosts: {_scalar(files)}"
-    if re.search(r"(?m)^  known_hosts:", block):
-        return re.sub(r"(?m)^  known_hosts:.*$", lambda _: line, block)
+    if re.search(r"(?m)^  known_hosts:", block):  # its value, on its line or as a block list below it
+        return re.sub(r"(?m)^  known_hosts:.*(\n(    .*|  - .*))*$", lambda _: line, block)
     return re.sub(r"(?m)^ssh:.*$", lambda m: f"{m[0]}\n{line}", block, count=1)
 
 
@@ -137,10 +170,7 @@ def draft(found: list[Found], template: str, *, name: str, user: str | None = No
         undecided[n] = u
         nodes.append({"name": n, "host": f.host, "user": user, "port": port, "key": key,
                       "role": "head" if i == 0 else "worker", "rails": r})
-    counts = {len(n["rails"]) for n in nodes}
-    if len(counts) > 1:
-        notes.append("the nodes have different numbers of rails (" + ", ".join(
-            f"{n['name']} {len(n['rails'])}" for n in nodes) + "): cable the same twins on every node")
+    _common_subnets(nodes, undecided, notes)
     stamp = datetime.date.today().isoformat()
     out = []
     for k, block in _blocks(template):
@@ -162,12 +192,18 @@ def draft(found: list[Found], template: str, *, name: str, user: str | None = No
     total = sum(max(len(f.gpus), 1) for f in found)
     serving = data.setdefault("serving", {})
     tp, pp = serving.get("tensor_parallel_size", 1), serving.get("pipeline_parallel_size", 1)
-    if tp * pp != total and not serving.get("nodes"):
-        new_tp = max(total // pp, 1)
-        text = re.sub(r"(?m)^(  tensor_parallel_size:)\s*\d+", rf"\g<1> {new_tp}", text)
-        notes.append(f"serving.tensor_parallel_size set to {new_tp}: {total} GPUs across the nodes (the template "
-                     f"had {tp} x pipeline {pp})")
-    params = validate(yaml.safe_load(text), source=f"the drafted file for {', '.join(f.host for f in found)}")
+    if tp * pp != total and not serving.get("nodes") and total % pp == 0:
+        line = f"  tensor_parallel_size: {total // pp}"
+        if re.search(r"(?m)^  tensor_parallel_size:", text):
+            text = re.sub(r"(?m)^  tensor_parallel_size:.*$", lambda _: line, text)
+        else:
+            text = re.sub(r"(?m)^serving:.*$", lambda m: f"{m[0]}\n{line}", text, count=1)
+        notes.append(f"serving.tensor_parallel_size set to {total // pp}: {total} GPUs across the nodes (the "
+                     f"template had {tp} x pipeline {pp})")
+    try:
+        params = validate(yaml.safe_load(text), source=f"the drafted file for {', '.join(f.host for f in found)}")
+    except ParamsError as e:  # nothing is written; what was noted says why as much as the fields do
+        raise DraftError(e.source, e.problems, notes) from e
     layout = classify(params)
     if layout.kind == RING:
         notes.append(f"{layout}: sparkbook supports a direct pair or a switch; a ring of cabled Sparks is not supported yet")
@@ -205,6 +241,7 @@ def differences(params: Params, found: list[Found]) -> list[str]:
     out = []
     for node, f in zip(params.nodes, found):
         if f.error:
+            out.append(f"{node.name}: not read ({f.error})")
             continue
         ports = {p.netdev: p for p in f.ports}
         railed = {r.interface for r in node.rails}
@@ -212,8 +249,8 @@ def differences(params: Params, found: list[Found]) -> list[str]:
             p = ports.get(r.interface)
             if p is None or not p.cabled:
                 out.append(f"{node.name}: rail {r.interface} is {'not an HCA port' if p is None else 'not cabled'}")
-            elif p.address != (str(r.ip), r.prefix):
-                seen = f"{p.address[0]}/{p.address[1]}" if p.address else "no address of its own"
+            elif (str(r.ip), r.prefix) not in p.static:
+                seen = ", ".join(f"{ip}/{prefix}" for ip, prefix in p.static) or "no address of its own"
                 out.append(f"{node.name}: rail {r.interface} is {r.ip}/{r.prefix} in the parameters, {seen} on the node")
         out += [f"{node.name}: {p.netdev} is cabled and has {p.address[0]}/{p.address[1]}, but is no rail"
                 for p in f.cabled if p.address and p.netdev not in railed]
