@@ -174,13 +174,44 @@ def cmd_discover(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fabric(args: argparse.Namespace) -> int:
+    from .book.verdict import Verdict
+    from .notebook import open_cluster
+    from .params import load
+    from .setup import fabric, mesh
+    params = load(_params(args))
+    cluster = open_cluster(params)
+    if args.fabric_command == "restore":
+        rows = fabric.checks(mesh.restore(params, cluster), "ssh mesh restore") + \
+            fabric.checks(fabric.restore(params, cluster), "fabric restore")
+    else:
+        plans, peers = fabric.plan(params, cluster), mesh.plan(params, cluster)
+        print(fabric.describe(plans) + "\n" + mesh.describe(peers))
+        problems = any(p.problems for p in plans) or any(p.error and "apply makes one" not in p.error for p in peers)
+        if args.fabric_command == "plan":
+            print("fix what is said above, then plan again" if problems else
+                  "nothing written: `sparkbook fabric apply` applies it")
+            return 1 if problems else 0
+        rows = fabric.checks(fabric.apply(params, plans, deadline_s=args.deadline, cluster=cluster), "fabric apply")
+        if all(c.status == "PASS" for c in rows):
+            rows += fabric.checks(mesh.apply(params, cluster), "ssh mesh")
+    verdict = Verdict(f"fabric {args.fabric_command}", rows)
+    print(verdict.to_text())
+    for c in verdict.failures:
+        print(f"FAIL {c.check} on {c.node}: {c.observed}\n  remedy: {c.remedy}")
+    return 1 if verdict.failures else 0
+
+
 def cmd_lab(args: argparse.Namespace) -> int:
     from .book.tables import Table
     from .lab import Lab, faults
     lab = Lab()
     if args.lab_command == "up":
-        path = lab.up(args.nodes)
+        path = lab.up(args.nodes, unwired=args.unwired)
         print(f"parameters: {path}")
+    elif args.lab_command == "reboot":
+        from .lab.power import reboot
+        reboot(lab, args.nodes)
     elif args.lab_command == "down":
         for line in lab.down():
             print(f"  removed {line}")
@@ -301,6 +332,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--connect-timeout", type=float, default=10, help="seconds (default: %(default)s)")
     p.set_defaults(func=cmd_discover)
 
+    p = sub.add_parser("fabric", help="the CX-7 rails' netplan file: plan, apply under a guard, restore",
+                       description="sparkbook's netplan file on every node (/etc/netplan/40-sparkbook-fabric.yaml): "
+                       "the parameters' rails, one subnet per rail, MTU as expected. plan: the diff, what else "
+                       "changes, netplan's parser on the node; nothing written. apply: backs up, then a guard on "
+                       "each node applies it and restores the backup by itself unless sparkbook confirms over a "
+                       "fresh SSH connection with the rails as planned. restore: the newest change undone, files "
+                       "byte-identical, addresses as before. The nodes' SSH to each other over the rails (host keys "
+                       "read on each node, keys) is planned, added and removed with it. Exit code 1 on any problem.")
+    p.add_argument("fabric_command", choices=("plan", "apply", "restore"))
+    _params_arg(p)
+    p.add_argument("--deadline", type=int, default=90, help="apply: seconds the guard waits for the "
+                   "confirmation before it restores (default: %(default)s)")
+    p.set_defaults(func=cmd_fabric)
+
     p = sub.add_parser("diagnose", help="name known failures in log files; exit 1 when one is found",
                        description="Read vLLM, NCCL, Ray, torch or Docker logs (files, or - for "
                        "stdin), from sparkbook's run folders or from a run made by hand, and name "
@@ -322,6 +367,11 @@ def parser() -> argparse.ArgumentParser:
     lsub = p.add_subparsers(dest="lab_command", required=True, metavar="LAB_COMMAND")
     q = lsub.add_parser("up", help="build the lab (idempotent) and print its parameters file")
     q.add_argument("--nodes", type=int, default=2, help="number of nodes (default: 2)")
+    q.add_argument("--unwired", action="store_true", help="fabric links cabled but without addresses, "
+                   "at MTU 1500, nothing persisting them: a node fresh from the box (day one)")
+    q = lsub.add_parser("reboot", help="restart nodes as machines restart: processes and runtime "
+                        "state gone, only what is persisted (netplan files, disk) comes back")
+    q.add_argument("nodes", nargs="+", metavar="NODE", help="e.g. spark-1")
     lsub.add_parser("down", help="remove everything the lab made")
     lsub.add_parser("status", help="each node's state")
     q = lsub.add_parser("image", help="build the lab's serving image and model (cached)")

@@ -52,6 +52,8 @@ Entry = Union[Tests, Advisory, FailsAs]
 
 # the test files named most, each as the start of a test's id
 REMEDIES, PREFLIGHT, HOST = "tests/test_remedies.py::", "tests/test_preflight.py::", "tests/test_host_health.py::"
+SETUP = "tests/test_fabric.py::"
+DAYONE = "tests/test_dayone.py::test_discover_plan_apply_reboot_and_restore_on_nodes_fresh_from_the_box"
 FABRIC, COLLECTIVES = "tests/test_fabric_field.py::", "tests/test_collectives.py::"
 NCCL, DISTRIBUTE = "tests/test_collectives_field.py::", "tests/test_distribute.py::"
 SERVING, SMOKE, BENCH = "tests/test_serving.py::", "tests/test_smoke.py::", "tests/test_bench.py::"
@@ -102,6 +104,11 @@ ROWS: dict[str, Entry] = {
                         HOST + "test_throttle_is_caught_on_its_node_only_and_heals"),
     "swap": Tests(HOST + "test_swap_in_use_before_the_launch_warns"),
     "rail dhcp": Tests(HOST + "test_a_rail_networkmanager_sets_by_dhcp_warns_with_the_nmcli_that_makes_it_static", PLANTED),
+    "rail persisted": Tests(DAYONE),
+    "fabric apply": Tests(DAYONE),
+    "fabric restore": Tests(SETUP + "test_a_refusing_node_fails_each_row_on_that_node_with_what_was_seen"),
+    "ssh mesh": Tests(SETUP + "test_a_refusing_node_fails_each_row_on_that_node_with_what_was_seen"),
+    "ssh mesh restore": Tests(SETUP + "test_a_refusing_node_fails_each_row_on_that_node_with_what_was_seen"),
 
     # ------------------------------------------------------------------------- 01 preflight: fabric
     "fabric layout": Tests(PREFLIGHT + "test_the_layout_check_one_row"),
@@ -234,6 +241,7 @@ BY_VARIABLE = {
     ("smoke/known_answers.py", "CHECK"): ("known answers",),
     ("preflight/host.py", "what"): ("driver", "firmware"),     # versions, in_range: ("driver", "firmware")
     ("preflight/nodes.py", "what"): ("model disk", "docker disk"),  # disks
+    ("setup/fabric.py", "what"): ("fabric apply", "fabric restore", "ssh mesh", "ssh mesh restore"),  # cli's fabric
     ("smoke/api.py", "name"): (),  # _Smoke.check: the name its callers give, found as s.check(...) calls
 }
 

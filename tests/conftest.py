@@ -172,9 +172,9 @@ def lab(request):
     from sparkbook.lab.host import leftovers
     the_lab, say = Lab(), _say(request)
     st = the_lab.state()
-    if st and len(st["nodes"]) != 2:
-        say(f"lab: {len(st['nodes'])} nodes were up (left by an interrupted run or a benchmark): "
-            "taking them down for the session's 2")
+    if st and (len(st["nodes"]) != 2 or st.get("unwired")):
+        say(f"lab: {len(st['nodes'])} {'unwired ' if st.get('unwired') else ''}nodes were up (left by an "
+            "interrupted run or a benchmark): taking them down for the session's 2")
         the_lab.down(say=lambda *_: None)
     the_lab.up(2)
     clean_lab(the_lab, say=say)
@@ -258,7 +258,7 @@ def resized(lab, n: int):
     last (pytest_collection_modifyitems), so that happens only when one is run alone. The workers
     of a new lab come up holding the head's images (``seed_images``: hard links, in a moment),
     spared a copy of the 4 GB serving image each; images a test builds later are on the head only."""
-    if len(lab.nodes()) == n:
+    if len(lab.nodes()) == n and not (lab.state() or {}).get("unwired"):
         clean_lab(lab, say=lambda *_: None)
     else:
         lab.down(say=lambda *_: None)
@@ -275,8 +275,8 @@ def lab_size(request):
 
 
 def two_nodes(lab) -> None:
-    """The session's lab back at its 2 nodes, if a 4-node test left it bigger."""
-    if len(lab.nodes()) != 2:
+    """The session's lab back at its 2 wired nodes, if a 4-node or a day-one test left it otherwise."""
+    if len(lab.nodes()) != 2 or (lab.state() or {}).get("unwired"):
         lab.down(say=lambda *_: None)
         lab.up(2, say=lambda *_: None)
 

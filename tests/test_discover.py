@@ -211,8 +211,8 @@ def test_the_script_reads_the_hcas_from_sysfs_where_ibdev2netdev_is_missing(tmp_
 
 def test_discover_on_the_lab_writes_the_labs_own_nodes(lab, params, tmp_path, capsys):
     """The lab's two nodes, asked by address with the lab's key: the file written holds the nodes
-    of parameters/lab.yaml, rails and all, and says what nobody persists (the lab sets its rails
-    with `ip`)."""
+    of parameters/lab.yaml, rails and all, each with the netplan file that persists it (the lab's
+    nodes have their own /etc/netplan); tests/test_dayone.py discovers nodes fresh from the box."""
     node = params.nodes[0]
     out = tmp_path / "lab.yaml"
     assert main(["discover", *(n.host for n in params.nodes), "--user", node.user, "--key", node.key,
@@ -222,5 +222,6 @@ def test_discover_on_the_lab_writes_the_labs_own_nodes(lab, params, tmp_path, ca
     written = load(out)
     assert [n.model_dump() for n in written.nodes] == [n.model_dump() for n in params.nodes]
     assert "layout: direct pair, 2 nodes, 2 rails" in printed
-    assert "enp1s0f1np1's address 10.77.1.11/24 is set at runtime only" in printed
+    assert "runtime only" not in printed
+    assert out.read_text().count("netplan (/etc/netplan/60-lab-fabric.yaml)") == 4
     assert re.search(r"spark-2\s+enp1s0f0np0\s+rocep1s0f0\s+Down", printed)  # the uncabled twin, shown

@@ -33,6 +33,9 @@ Spark; `heal` undoes it. Applied faults are kept in lab.json.
 - dhcp         the node's first rail on a NetworkManager profile that sets it by DHCP, as DGX OS
                ships the CX-7 ports: a simulated `nmcli` (simhw.py) on the node's PATH (the lab's
                rails are set by `ip`, which no NetworkManager manages)
+- mgmt-cut     the node's `netplan apply` takes its management address down while a file of
+               sparkbook's is among its netplan files (simnet.py), as a renderer switch or a bad
+               merge does on a real node: `sparkbook fabric apply`'s guard must roll it back
 """
 
 from __future__ import annotations
@@ -298,6 +301,8 @@ TABLE: dict[str, tuple[Callable[[Site], None], Callable[[Site], None]]] = {
     "fec": _slow_link(fec=True),
     "cpu-quota": (_cpu_quota, _cpu_back),
     "dhcp": _simulated("nmcli", "nm_dhcp", {"interface": RAIL_NAMES[0], "connection": "Wired connection 1"}),
+    "mgmt-cut": (lambda s: _set_state(s.node, "netplan_cuts_management", True),
+                 lambda s: _set_state(s.node, "netplan_cuts_management", None)),
 }
 
 

@@ -40,9 +40,10 @@ from ..params import Params, validate
 from . import host
 from .host import links as _links  # by this name: tests replace it
 from .image import ensure, seed_images
-from .nodes import (BASHRC, FABRIC_MTU, FABRIC_NS, LAB_HOME, MAX_NODES, MGMT_BRIDGE, MGMT_IF, MGMT_NET, NICS,
-                    PREFIX, RAILS, RUN, SIMULATED_TOOLS, LabError, LabNode, docker, lab_nodes, lab_params,
-                    params_file, sh)
+from .procs import is_init, kill_init
+from .nodes import (BASHRC, BOOT_MTU, FABRIC_MTU, FABRIC_NS, LAB_HOME, MAX_NODES, MGMT_BRIDGE, MGMT_IF, MGMT_NET,
+                    NETPLAN, NICS, PREFIX, RAILS, RUN, SIMULATED_TOOLS, VARLIB, LabError, LabNode, docker, lab_nodes,
+                    lab_params, netplan_files, params_file, sh)
 
 
 class Lab:
@@ -100,7 +101,7 @@ class Lab:
         problems = []
         for node in lab_nodes(len(st["nodes"])):
             pid = st["nodes"][node.name]["init_pid"]
-            if not _is_init(pid, node):
+            if not is_init(pid, node):
                 problems.append(f"{node.name}: init process {pid} is gone")
                 continue
             if not _port_open(node.mgmt_ip, 22):
@@ -109,9 +110,11 @@ class Lab:
                 problems.append(f"{node.name}: Docker daemon does not answer")
         return problems
 
-    def up(self, n: int = 2, say=print, seed_images: bool = False) -> Path:
+    def up(self, n: int = 2, say=print, seed_images: bool = False, unwired: bool = False) -> Path:
         """Build the lab (idempotent); returns its parameters file. ``seed_images``: the workers
-        start with the head's images (:func:`seed_images`), for tests that resize the lab."""
+        start with the head's images (:func:`seed_images`), for tests that resize the lab.
+        ``unwired``: the fabric links are cabled but carry no address and MTU 1500, and nothing
+        persists one, as on a node fresh from the box (day one: `sparkbook fabric` configures them)."""
         if os.geteuid() != 0:
             raise LabError("the lab needs root (network namespaces, sshd, dockerd)")
         if not 1 <= n <= MAX_NODES:
@@ -119,15 +122,16 @@ class Lab:
         if any(self.home.resolve().is_relative_to(p) for p in (Path("/tmp"), Path("/dev/shm"))):
             raise LabError(f"the lab's home {self.home} must not be under /tmp or /dev/shm: each "
                            "node has its own there (set SPARKBOOK_LAB_HOME elsewhere)")
-        _require("ip", "nsenter", "unshare", "dockerd", "docker", "tc", "ssh-keygen", "/usr/sbin/sshd")
+        _require("ip", "nsenter", "unshare", "dockerd", "docker", "tc", "ssh-keygen", "/usr/sbin/sshd", "netplan")
         st = self.state()
         if st and st.get("down_failed"):  # an earlier `lab down` left some of what the lab made
             say("lab: an earlier `lab down` did not finish; finishing it first")
             self.down(say=say)
             st = None
         if st:
-            if len(st["nodes"]) != n:
-                raise LabError(f"a lab of {len(st['nodes'])} nodes is up: `sparkbook lab down` first")
+            if len(st["nodes"]) != n or st.get("unwired", False) != unwired:
+                raise LabError(f"a lab of {len(st['nodes'])} {'unwired ' if st.get('unwired') else ''}nodes is up: "
+                               "`sparkbook lab down` first")
             if st["faults"]:
                 say(f"lab: {n} nodes up with faults applied "
                     f"({', '.join(f['kind'] + ' on ' + f['node'] for f in st['faults'])}); nothing "
@@ -143,7 +147,7 @@ class Lab:
         params = validate(lab_params(n), "lab parameters")
         t0 = time.monotonic()
         model_dir = ensure(params.runtime.image, say=say)
-        state = {"nodes": {}, "faults": [], "made": [], "image": params.runtime.image}
+        state = {"nodes": {}, "faults": [], "made": [], "image": params.runtime.image, "unwired": unwired}
         try:
             self._up(lab_nodes(n), params, model_dir, state, say, seed_images)
         except BaseException:
@@ -171,7 +175,7 @@ class Lab:
         made("path", RUN)
         # Mount points the nodes bind their own directories onto.
         models_mount = Path(params.model.path).parent
-        for mp in (models_mount, Path("/root/.ssh")):
+        for mp in (models_mount, Path("/root/.ssh"), NETPLAN, VARLIB):
             if not mp.exists():
                 mp.mkdir(parents=True)
                 made("path", mp)
@@ -183,7 +187,7 @@ class Lab:
         made("tree", self.home / "nodes")
         servers = {}
         for node in nodes:
-            self._prepare(node, nodes, params, model_dir, key, made)
+            self._prepare(node, nodes, params, model_dir, key, made, state["unwired"])
             launcher, init = self._start_init(node, models_mount)
             state["nodes"][node.name] = {"init_pid": init, "launcher_pid": launcher,
                                          "mgmt_ip": node.mgmt_ip}
@@ -201,8 +205,8 @@ class Lab:
         known = "".join(servers[n.name].known_hosts_line([n.rail_ip(0), n.rail_ip(1), n.name])
                         for n in nodes)
         (self.home / "known_hosts").write_text(known)
-        for node in nodes:  # each node knows every node: head-to-worker SSH is checked too
-            (node.dir / "ssh" / "known_hosts").write_text(known)
+        for node in nodes:  # each node knows every node (unwired: none yet); SSH between them is checked
+            (node.dir / "ssh" / "known_hosts").write_text("" if state["unwired"] else known)
         say(f"lab: nodes {', '.join(n.name for n in nodes)} answer on SSH and Docker; "
             f"image {params.runtime.image} on " + ("every node (seeded from the head's)" if seed else f"{head.name} only"))
 
@@ -221,14 +225,18 @@ class Lab:
             sh("ip", "-n", FABRIC_NS, "link", "set", br, "mtu", str(FABRIC_MTU), "up")
 
     def _prepare(self, node: LabNode, nodes: list[LabNode], params: Params, model_dir: Path,
-                 key: Path, made) -> None:
+                 key: Path, made, unwired: bool) -> None:
         """The node's network namespace, links and files (the links between the node and the
         fabric switch live in their namespaces and go with them)."""
         d = node.dir
         if d.exists():
             shutil.rmtree(d)
-        for sub in ("sshd", "bin", "ssh", "models", "faults"):
-            (d / sub).mkdir(parents=True)
+        for sub in ("sshd", "bin", "ssh", "models", "faults", "netplan", "varlib"):
+            (d / sub).mkdir(parents=True, mode=0o700 if sub == "varlib" else 0o755)
+        # What the node persists of its network (`lab reboot` brings back only that)
+        for name, text in netplan_files(node, unwired).items():
+            (d / "netplan" / name).write_text(text)
+            (d / "netplan" / name).chmod(0o600)
         ns = node.netns
         sh("ip", "netns", "add", ns)
         made("netns", ns)
@@ -244,7 +252,10 @@ class Lab:
             sh("ip", "link", "add", sw_if, "netns", FABRIC_NS, "mtu", str(FABRIC_MTU), "type", "veth",
                "peer", "name", ifname, "netns", ns, "mtu", str(FABRIC_MTU))
             sh("ip", "-n", FABRIC_NS, "link", "set", sw_if, "master", f"{PREFIX}-rail{r}", "up")
-            sh("ip", "-n", ns, "addr", "add", f"{node.rail_ip(r)}/24", "dev", ifname)
+            if unwired:
+                sh("ip", "-n", ns, "link", "set", ifname, "mtu", str(BOOT_MTU))
+            else:
+                sh("ip", "-n", ns, "addr", "add", f"{node.rail_ip(r)}/24", "dev", ifname)
             sh("ip", "-n", ns, "link", "set", ifname, "up")
         # Simulated hardware: the tools on the node's PATH and the state they read.
         # A copy in the node's folder: the checkout may sit where the node does not see it (under
@@ -254,6 +265,9 @@ class Lab:
         simhw.chmod(0o755)
         for tool in SIMULATED_TOOLS:
             (d / "bin" / tool).symlink_to(simhw)
+        # netplan's own parser and generator, applied as the node's networkd would (simnet.py)
+        shutil.copyfile(Path(__file__).with_name("simnet.py"), d / "bin" / "netplan")
+        (d / "bin" / "netplan").chmod(0o755)
         guid = lambda k: f"30c5:9903:00{node.index:02x}:6a1{k}"
         (d / "state.json").write_text(json.dumps({
             "node": node.name, "simulated": True, "firmware": "28.45.4028", "speed_mbps": 200000,
@@ -287,6 +301,8 @@ class Lab:
             f"mount --bind {d / 'hosts'} /etc/hosts",
             f"mount --bind {d / 'ssh'} /root/.ssh",
             f"mount --bind {d / 'bashrc'} {BASHRC}",
+            f"mount --bind {d / 'netplan'} {NETPLAN}",
+            f"mount --bind {d / 'varlib'} {VARLIB}",
             f"touch {d / 'init.ready'}",
             "trap 'exit 0' TERM",
             # PID 1 reaps the orphans of the node; bash does so while it waits
@@ -383,7 +399,7 @@ class Lab:
     def _stop(self, node: LabNode, info: dict) -> bool:
         """End every process of a node (True), or nothing when they are gone already (False)."""
         pid = info.get("init_pid")
-        if info.get("stopped") or not pid or not _is_init(pid, node):
+        if info.get("stopped") or not pid or not is_init(pid, node):
             return False  # a recorded pid may belong to another process by now
         # containers first, so that Docker unmounts cleanly (the node's own daemon: all of its
         # containers are the lab's); then the node's init, which takes every process of the node
@@ -394,12 +410,7 @@ class Lab:
                 docker(node, "rm", "-f", "-v", *ids, check=False, timeout=60)
         except subprocess.TimeoutExpired:
             pass  # a hung daemon goes with the init all the same
-        os.kill(pid, signal.SIGKILL)
-        for p in (pid, info.get("launcher_pid")):
-            if p:
-                _wait_gone(p)
-        if _alive(pid):
-            raise LabError(f"its init {pid} still runs 10 s after SIGKILL")
+        kill_init(node, info)
         return True
 
     @contextmanager
@@ -426,7 +437,7 @@ class Lab:
             return []
         rows = []
         for node in lab_nodes(len(st["nodes"])):
-            alive = _is_init(st["nodes"][node.name]["init_pid"], node)
+            alive = is_init(st["nodes"][node.name]["init_pid"], node)
             info = docker(node, "image", "inspect", "--format", "{{.Id}}", st["image"], check=False,
                           timeout=10) if alive else None
             daemon = alive and docker(node, "info", "--format", "{{.ID}}", check=False, timeout=10).returncode == 0
@@ -463,33 +474,6 @@ def _port_open(host: str, port: int, timeout: float = 1.0) -> bool:
     with socket.socket() as s:
         s.settimeout(timeout)
         return s.connect_ex((host, port)) == 0
-
-
-def _is_init(pid: int, node: LabNode) -> bool:
-    """Whether ``pid`` is still this node's init (and not a process that reuses the number)."""
-    try:
-        return str(node.dir / "init.sh") in (Path(f"/proc/{pid}/cmdline").read_bytes()
-                                             .replace(b"\0", b" ").decode(errors="replace"))
-    except OSError:
-        return False
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` still runs (a zombie does not; one of ours is reaped here)."""
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def _wait_gone(pid: int, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
 
 
 def require_up() -> None:

@@ -27,11 +27,14 @@ RAILS = (("enp1s0f1np1", "rocep1s0f1", "10.77.1"), ("enP2p1s0f1np1", "roceP2p1s0
 NICS = (("rocep1s0f0", "enp1s0f0np0", "0000:01:00.0"), ("rocep1s0f1", "enp1s0f1np1", "0000:01:00.1"),
         ("roceP2p1s0f0", "enP2p1s0f0np0", "0002:01:00.0"), ("roceP2p1s0f1", "enP2p1s0f1np1", "0002:01:00.1"))
 FABRIC_MTU = 9000
+BOOT_MTU = 1500  # what a NIC comes up with when nothing persists another
+NETPLAN = Path("/etc/netplan")  # each node binds its own folder here (its persisted network)
+VARLIB = Path("/var/lib/sparkbook")  # ... and here: sparkbook's fabric backups, kept across reboots
 BASHRC = Path("/root/.bashrc")
 MAX_NODES = 32
 FAULTS = ("node-down", "mtu", "rail-down", "docker-down", "port-busy", "image-drift",
           "model-drift", "slow-link", "stall", "firewall", "stale", "clock", "disk",
-          "throttle", "fec", "cpu-quota", "dhcp")
+          "throttle", "fec", "cpu-quota", "dhcp", "mgmt-cut")
 SIMULATED_TOOLS = ("nvidia-smi", "ibdev2netdev", "ibstat", "ibv_devinfo", "ethtool", "show_gids")
 TEMPLATE = project_root() / "parameters" / "lab.yaml"
 
@@ -91,6 +94,20 @@ class LabNode:
     @property
     def cgroup(self) -> str:
         return f"{PREFIX}-{self.name}"
+
+
+def netplan_files(node: LabNode, unwired: bool) -> dict[str, str]:
+    """A lab node's /etc/netplan at `lab up`: its management address, as an installer leaves it,
+    and, unless the lab is unwired, both rails at MTU 9000, as an owner who configured the fabric
+    by hand leaves them (mode 600, as netplan wants them)."""
+    def netplan(ethernets: dict) -> str:
+        return yaml.safe_dump({"network": {"version": 2, "ethernets": ethernets}}, sort_keys=False)
+    files = {"01-lab-management.yaml": netplan({MGMT_IF: {"addresses": [f"{node.mgmt_ip}/24"]}})}
+    if not unwired:
+        files["60-lab-fabric.yaml"] = netplan({
+            ifname: {"mtu": FABRIC_MTU, "addresses": [f"{node.rail_ip(r)}/24"]}
+            for r, (ifname, _hca, _net) in enumerate(RAILS)})
+    return files
 
 
 def lab_nodes(n: int) -> list[LabNode]:

@@ -38,10 +38,11 @@ GROUPS = [
           "/proc/meminfo where nvidia-smi has none), no process or container left holding GPU memory",
           nodes.gpus),
     Group(("docker", "nvidia runtime"), "Docker answers and has the NVIDIA runtime", nodes.runtime),
-    Group(("same driver", "same firmware", "driver", "firmware", "gpu clocks", "swap", "rail dhcp"),
+    Group(("same driver", "same firmware", "driver", "firmware", "gpu clocks", "swap", "rail dhcp",
+           "rail persisted"),
           "NVIDIA driver and CX-7 firmware alike and within the parameters' range, GPU clocks "
           "and throttle reasons, swap in use, a rail NetworkManager sets by DHCP (its address changes at "
-          "the next reboot)", host.health),
+          "the next reboot), a rail no file persists (set at runtime only: gone at the next reboot)", host.health),
     Group(("fabric layout",), "a direct pair or a switch; a ring of three or more cabled Sparks is named "
           "unsupported", fabric.layout),
     Group(("rail map", "rail port", "rail rate", "rail fec", "rail gid", "rail mtu",

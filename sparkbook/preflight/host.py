@@ -42,6 +42,7 @@ def health(params: Params, pf: Preflight) -> Iterator[Check]:
     yield from clocks(params, pf)
     yield from swap(params, pf)
     yield from rail_dhcp(params, pf)
+    yield from rail_persisted(params, pf)
 
 
 # ------------------------------------------------------------------------------ driver, firmware
@@ -183,3 +184,32 @@ def rail_dhcp(params: Params, pf: Preflight) -> Iterator[Check]:
                         "a static address that survives a reboot (ipv4.method manual)",
                         f"make the address static: `{fix}`, then `sudo nmcli connection up id "
                         f"{shlex.quote(nm['connection'])}`" if dhcp else "", "nmcli")
+
+
+def rail_persisted(params: Params, pf: Preflight) -> Iterator[Check]:
+    """A rail whose configuration no file persists (no netplan, networkd or ifupdown file names its
+    interface, no NetworkManager profile holds it): an address set by hand with `ip`, which the next
+    reboot takes away. SKIP where the only candidates are files this user cannot read (netplan's
+    are root's alone, mode 600)."""
+    for node in pf.up(params):
+        host = pf.nodes[node.name].get("host") or {}
+        for rail in node.rails:
+            files = (host.get("persist") or {}).get(rail.interface)
+            if files is None:
+                continue
+            nm = ((host.get("nm") or {}).get(rail.interface) or {}).get("connection")
+            owners = [f for f in files if not f.startswith("?")] + ([f"NetworkManager profile {nm!r}"] if nm else [])
+            hidden = [f[1:] for f in files if f.startswith("?")]
+            expected = "a file that brings the rail back after a reboot"
+            if owners:
+                yield Check("rail persisted", node.name, PASS, f"{rail.interface}: {', '.join(owners)}", expected)
+            elif hidden:
+                yield Check("rail persisted", node.name, SKIP, f"{rail.interface}: cannot tell: {', '.join(hidden)} "
+                            "not readable by this user", expected)
+            else:
+                yield Check("rail persisted", node.name, WARN,
+                            f"{rail.interface}: set at runtime only (no netplan, networkd, ifupdown or NetworkManager "
+                            "configuration names it): gone at the next reboot", expected,
+                            "persist it: `sparkbook fabric plan` then `sparkbook fabric apply` with this parameters "
+                            "file (a netplan file, backed up, applied under a guard that rolls back by itself)",
+                            f"bash sparkbook/scripts/host_state.sh {rail.interface}")

@@ -27,6 +27,8 @@ class HostState(TypedDict):
     # rail interface -> the NetworkManager profile that sets it ("" where NetworkManager does not
     # manage it) and the profile's IPv4 method ("auto" is DHCP); None: nmcli unavailable
     nm: dict[str, dict[str, str]] | None
+    # rail interface -> the files naming it (netplan, networkd, ifupdown; "?FILE" one not readable)
+    persist: dict[str, list[str]]
 
 
 REASON_HEADERS = ("Clocks Event Reasons", "Clocks Throttle Reasons")  # driver >= 535 / before
@@ -76,7 +78,7 @@ def parse_host_state(sections: dict[str, str]) -> HostState | None:
     smi = sections.get("smi-q", "")
     limits = sections["memlock"].split()
     meminfo = parse_meminfo(sections.get("swap", ""))  # bytes
-    firmware, nm = {}, {}
+    firmware, nm, persist = {}, {}, {}
     for key, text in sections.items():
         if key.startswith("ethtool-i ") and (m := re.search(r"^firmware-version:\s*(\S+)", text, re.M)):
             firmware[key.split(maxsplit=1)[1]] = m[1]
@@ -84,6 +86,8 @@ def parse_host_state(sections: dict[str, str]) -> HostState | None:
             values = parse_key_values(text)
             nm[key.split(maxsplit=1)[1]] = {"connection": values.get("connection", ""),
                                             "method": values.get("method", "")}
+        elif key.startswith("persist "):
+            persist[key.split(maxsplit=1)[1]] = parse_key_values(text).get("files", "").split()
     return {
         "gpus": None if not smi.strip() or smi.strip().endswith("unavailable") else parse_nvidia_smi_q(smi),
         "memlock": {"soft": limits[0], "hard": limits[1]} if len(limits) == 2 else None,
@@ -91,4 +95,5 @@ def parse_host_state(sections: dict[str, str]) -> HostState | None:
         if {"SwapTotal", "SwapFree"} <= meminfo.keys() else None,
         "firmware": firmware,
         "nm": nm or None,
+        "persist": persist,
     }

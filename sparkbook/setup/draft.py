@@ -28,6 +28,13 @@ from ..params.settings import Expectations
 from .discover import Found, gpu_summary
 
 TOP_KEY = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*):")
+# The addressing scheme for cabled ports without an address of their own: rail N (the node's cabled
+# ports in PCIe order, the same twin on every node) on the N-th /24 from here up that holds no
+# address of any node; the host number is the last octet of the node's management address (its
+# position + 1 where those are not distinct).
+SCHEME_FROM = ipaddress.ip_network("192.168.100.0/24")
+SCHEME = (f"rail N on the N-th free /24 from {SCHEME_FROM} up, host = the last octet of the node's management "
+          "address")
 
 
 class DraftError(ParamsError):
@@ -59,15 +66,49 @@ def names(found: list[Found]) -> tuple[list[str], list[str]]:
         "named node-1... (rename them freely)"]
 
 
-def rails(f: Found, name: str, mtu: int) -> tuple[list[dict], list[str], list[str]]:
-    """A node's rails (cabled ports with an address of their own, ordered by subnet), the
-    commented lines for cabled ports it could not decide, and notes (a port whose MTU is not the
-    ``mtu`` 01 expects among them)."""
+def scheme(found: list[Found]) -> tuple[list[ipaddress.IPv4Network], list[int]]:
+    """:data:`SCHEME`'s subnets (one per cabled port of the node with the most) and each node's host
+    number."""
+    held = [ipaddress.ip_address(ip) for f in found for p in f.ports for ip, *_ in p.addresses]
+    held += [ipaddress.ip_address(f.identity["mgmt"]) for f in found if _ipv4(f.identity.get("mgmt", ""))]
+    subnets, net = [], SCHEME_FROM
+    while len(subnets) < max((len(f.cabled) for f in found), default=0) and net.network_address.packed[0] == 192:
+        if not any(a in net for a in held):
+            subnets.append(net)
+        net = ipaddress.ip_network((int(net.network_address) + 256, 24))
+    hosts = [int(f.identity["mgmt"].rsplit(".", 1)[1]) if _ipv4(f.identity.get("mgmt", "")) else 0 for f in found]
+    if len(set(hosts)) != len(hosts) or not all(0 < h < 255 for h in hosts):
+        hosts = list(range(1, len(found) + 1))
+    return subnets, hosts
+
+
+def _ipv4(text: str) -> bool:
+    try:
+        return ipaddress.ip_address(text).version == 4
+    except ValueError:
+        return False
+
+
+def rails(f: Found, name: str, mtu: int, planned: tuple[list[ipaddress.IPv4Network], int] | None = None
+          ) -> tuple[list[dict], list[str], list[str]]:
+    """A node's rails (cabled ports with an address of their own, ordered by subnet; with
+    ``planned`` = (:func:`scheme`'s subnets, the node's host number), also those without, at the
+    scheme's address), the commented lines for cabled ports it could not decide, and notes (a port
+    whose MTU is not the ``mtu`` 01 expects among them)."""
     out, undecided, notes = [], [], []
+    by_pci = sorted(f.cabled, key=lambda p: (p.pci, p.netdev))
     for p in f.cabled:
-        if p.mtu and p.mtu != mtu:
+        if p.mtu and p.mtu != mtu and not (p.address is None and planned):
             notes.append(f"{name}: {p.netdev} has MTU {p.mtu}, not {mtu}: 01's rail mtu row will fail until "
                          "it is raised at both ends of the cable")
+        if p.address is None and planned and by_pci.index(p) < len(planned[0]):
+            net = planned[0][by_pci.index(p)]
+            ip = str(net[planned[1]])
+            out.append({"interface": p.netdev, "ip": ip, "prefix": net.prefixlen, "hca": p.hca, "_seen": p,
+                        "_planned": True})
+            notes.append(f"{name}: {p.netdev} has no address of its own: planned {ip}/{net.prefixlen}, MTU {mtu} "
+                         f"({SCHEME}); `sparkbook fabric plan` shows the change, `sparkbook fabric apply` makes it")
+            continue
         if p.address is None:
             why = ("its address comes from DHCP" if any(d for *_, d in p.addresses) else
                    "it has only a link-local address" if p.addresses else "it has no IPv4 address")
@@ -127,7 +168,8 @@ def nodes_yaml(found: list[Found], nodes: list[dict[str, Any]], undecided: dict[
             p = r["_seen"]
             speed = f"{p.speed_mbps // 1000} Gb/s" if p.speed_mbps else "speed unknown"
             rail = {k: r[k] for k in ("interface", "ip", "prefix", "hca")}
-            lines.append(f"      - {_scalar(rail)}  # {p.pci or 'pci ?'}, {speed}, mtu {p.mtu}; {p.owner or 'no owner'}")
+            seen = "PLANNED, not on the node yet (sparkbook fabric apply)" if r.get("_planned") else p.owner or "no owner"
+            lines.append(f"      - {_scalar(rail)}  # {p.pci or 'pci ?'}, {speed}, mtu {p.mtu}; {seen}")
         lines += [f"      {u}" for u in undecided[n["name"]]]
     return "\n".join(lines) + "\n"
 
@@ -158,14 +200,18 @@ def _known_hosts(block: str, files: list[str]) -> str:
 
 
 def draft(found: list[Found], template: str, *, name: str, user: str | None = None, port: int | None = None,
-          key: str | None = None, known_hosts: list[str] | None = None) -> Draft:
+          key: str | None = None, known_hosts: list[str] | None = None, plan: bool = True) -> Draft:
     """The parameters file for the nodes ``found`` (every one answered), other sections from the
-    text of ``template``."""
+    text of ``template``. ``plan``: on nodes fresh from the box (no cabled port on any node has an
+    address of its own) every cabled port gets one from :data:`SCHEME`; where some have, the others
+    are left undecided (their subnet is the owner's choice)."""
     node_names, notes = names(found)
+    plan = plan and not any(p.address for f in found for p in f.cabled)
     mtu = ((yaml.safe_load(template) or {}).get("expectations") or {}).get("mtu") or Expectations().mtu
     nodes, undecided = [], {}
+    subnets, hosts = scheme(found)
     for i, (f, n) in enumerate(zip(found, node_names)):
-        r, u, more = rails(f, n, mtu)
+        r, u, more = rails(f, n, mtu, (subnets, hosts[i]) if plan else None)
         notes += more
         undecided[n] = u
         nodes.append({"name": n, "host": f.host, "user": user, "port": port, "key": key,
