@@ -35,6 +35,15 @@ outcome = ctx.run()
 step.table(outcome)
 
 # %% [markdown]
+# ## Parity across nodes
+#
+# What must match on every node, side by side: a difference is marked, with what such a mismatch
+# does (and where owners reported it). The verdict below judges each of these facts in its own row.
+
+# %%
+step.parity(ctx, outcome)
+
+# %% [markdown]
 # ## Troubleshooting
 #
 # **How long.** Measured in the lab (two simulated nodes on a 2-core machine, `sparkbook run` of

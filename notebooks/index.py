@@ -8,6 +8,7 @@
 #
 # | step | notebook | what it does |
 # |---|---|---|
+# | day one | [day_one](day_one.ipynb) | before 00, once: the nodes read, the parameters file written, the CX-7 fabric planned and applied under a guard on each node |
 # | 00 | [00_inventory](00_inventory.ipynb) | facts of every node; proves each is reachable by SSH |
 # | 01 | [01_preflight](01_preflight.ipynb) | every known multi-node failure, before anything starts |
 # | 02 | [02_collectives](02_collectives.ipynb) | an all-reduce across the nodes: latency, bandwidth, the transport really used |

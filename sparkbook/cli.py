@@ -148,58 +148,31 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
 
 def cmd_discover(args: argparse.Namespace) -> int:
-    from .setup import discover, draft
-    template = Path(args.template) if args.template else draft.default_template(len(args.hosts))
-    if not template.is_file():
-        raise SparkbookError(f"no template {template}: name a parameters file with --template")
-    draft.writable(Path(args.output), args.force)
-    cluster = discover.connect(args.hosts, user=args.user, port=args.port, key=args.key,
-                               known_hosts=args.known_hosts or [], connect_timeout=args.connect_timeout)
-    found = discover.discover(cluster)
-    print(discover.nodes_table(found).to_text())
-    failed = [f for f in found if f.error]
-    for f in failed:
-        print(f"FAIL {f.host}: {f.error}")
-    if failed:
-        print("nothing was written: every node must answer")
+    from .book.errors import CheckFailed
+    from .steps import day_one
+    try:
+        day_one.discover(args.hosts, args.output, template=args.template, name=args.name, user=args.user,
+                         port=args.port, key=args.key, known_hosts=args.known_hosts or [], force=args.force,
+                         connect_timeout=args.connect_timeout)
+    except CheckFailed as e:  # a node that did not answer: said on stdout with the tables, exit code 1
+        print(e)
         return 1
-    print(discover.table(found).to_text())
-    d = draft.draft(found, template.read_text(), name=args.name, user=args.user, port=args.port, key=args.key,
-                    known_hosts=args.known_hosts)
-    path = draft.write(d, Path(args.output), force=args.force)
-    print(f"layout: {d.layout}")
-    for note in d.notes:
-        print(f"NOTE {note}")
-    print(f"parameters: {path} (validated; the sections besides the nodes from {template})")
     return 0
 
 
 def cmd_fabric(args: argparse.Namespace) -> int:
-    from .book.verdict import Verdict
-    from .notebook import open_cluster
-    from .params import load
-    from .setup import fabric, mesh
-    params = load(_params(args))
-    cluster = open_cluster(params)
-    if args.fabric_command == "restore":
-        rows = fabric.checks(mesh.restore(params, cluster), "ssh mesh restore") + \
-            fabric.checks(fabric.restore(params, cluster), "fabric restore")
-    else:
-        plans, peers = fabric.plan(params, cluster), mesh.plan(params, cluster)
-        print(fabric.describe(plans) + "\n" + mesh.describe(peers))
-        problems = any(p.problems for p in plans) or any(p.error and "apply makes one" not in p.error for p in peers)
-        if args.fabric_command == "plan":
-            print("fix what is said above, then plan again" if problems else
-                  "nothing written: `sparkbook fabric apply` applies it")
-            return 1 if problems else 0
-        rows = fabric.checks(fabric.apply(params, plans, deadline_s=args.deadline, cluster=cluster), "fabric apply")
-        if all(c.status == "PASS" for c in rows):
-            rows += fabric.checks(mesh.apply(params, cluster), "ssh mesh")
-    verdict = Verdict(f"fabric {args.fabric_command}", rows)
-    print(verdict.to_text())
-    for c in verdict.failures:
-        print(f"FAIL {c.check} on {c.node}: {c.observed}\n  remedy: {c.remedy}")
-    return 1 if verdict.failures else 0
+    from .book.errors import CheckFailed
+    from .steps import day_one
+    verdict = day_one.fabric_step(_params(args), args.fabric_command, args.deadline)
+    if args.fabric_command == "plan":
+        print("fix what is said above, then plan again" if verdict.failures else
+              "nothing written: `sparkbook fabric apply` applies it")
+    try:
+        day_one.conclude(verdict)
+    except CheckFailed as e:
+        print(e)
+        return 1
+    return 0
 
 
 def cmd_lab(args: argparse.Namespace) -> int:
@@ -339,8 +312,10 @@ def parser() -> argparse.ArgumentParser:
                        "each node applies it and restores the backup by itself unless sparkbook confirms over a "
                        "fresh SSH connection with the rails as planned. restore: the newest change undone, files "
                        "byte-identical, addresses as before. The nodes' SSH to each other over the rails (host keys "
-                       "read on each node, keys) is planned, added and removed with it. Exit code 1 on any problem.")
-    p.add_argument("fabric_command", choices=("plan", "apply", "restore"))
+                       "read on each node, keys) is planned, added and removed with it. doctor: 01's fabric rows alone (who "
+                       "persists each rail, DHCP, MTU, the RoCE GID by type, the path MTU to every peer). Exit code 1 "
+                       "on any problem.")
+    p.add_argument("fabric_command", choices=("plan", "apply", "restore", "doctor"))
     _params_arg(p)
     p.add_argument("--deadline", type=int, default=90, help="apply: seconds the guard waits for the "
                    "confirmation before it restores (default: %(default)s)")

@@ -1,7 +1,7 @@
 """Day one on the lab, as an owner lives it: two nodes fresh from the box (`lab up --unwired`: the
 fabric links cabled, no address, MTU 1500, nothing persisting one), then `sparkbook discover` writes
-the parameters file (planned rail addresses), `sparkbook fabric plan` shows the change, `fabric
-apply` makes it under each node's guard, preflight and the collectives pass on the file as written,
+the parameters file (planned rail addresses), `sparkbook fabric plan` shows the change, the day-one
+notebook (headless) writes the same file and applies it under each node's guard, preflight and the collectives pass on the file as written,
 again after every node reboots, and `fabric restore` brings back the nodes' files byte for byte and
 their addresses. Last, addresses set by hand with `ip`: 01 warns that nothing persists them, and a
 reboot takes them away.
@@ -16,10 +16,11 @@ import hashlib
 import json
 import re
 
+import papermill
 import pytest
 
 from sparkbook import preflight
-from sparkbook.book.verdict import WARN
+from sparkbook.book.verdict import FAIL, WARN
 from sparkbook.cli import main
 from sparkbook.lab import faults
 from sparkbook.lab.lab import _port_open
@@ -30,6 +31,8 @@ from sparkbook.params import load
 from sparkbook.runbook.runner import run
 
 from conftest import LAB_YAML
+
+NOTEBOOKS = LAB_YAML.parents[1] / "notebooks"
 
 pytestmark = pytest.mark.lab
 
@@ -92,15 +95,36 @@ def test_discover_plan_apply_reboot_and_restore_on_nodes_fresh_from_the_box(lab,
     assert _port_open("10.77.0.12", 22)
     assert netplan_files(lab) == files and rails(lab) == addresses
 
-    assert main(["fabric", "apply", "-p", str(out)]) == 0
-    shown = capsys.readouterr().out
+    # Applied by the day-one notebook, headless: discover again (the same file), plan, apply.
+    done = papermill.execute_notebook(
+        str(NOTEBOOKS / "day_one.ipynb"), str(tmp_path / "day_one.ipynb"), cwd=str(NOTEBOOKS), progress_bar=False,
+        parameters={"hosts": [n.host for n in wired.nodes], "output": str(out), "force": True, "name": "dayone",
+                    "template": str(LAB_YAML), "user": node.user, "key": node.key,
+                    "known_hosts": wired.ssh.known_hosts, "apply": True})
+    shown = "".join(o.get("text", "") for c in done.cells if c.cell_type == "code" for o in c.outputs)
+    assert load(out).nodes == params.nodes  # the same file as the CLI wrote
     assert "fabric apply: PASS (4 PASS)" in shown  # the netplan file, then SSH over the rails, on both nodes
     assert re.search(r"ssh mesh +spark-1 +PASS +1 known_hosts and 0 authorized_keys", shown)  # one lab key
     known = (lab.nodes()[0].dir / "ssh" / "known_hosts").read_text()
     assert known.startswith("192.168.100.12,192.168.101.12 ssh-ed25519 ") and known.endswith(" sparkbook:dayone\n")
+    capsys.readouterr()
+    assert main(["fabric", "plan", "-p", str(out)]) == 0  # applied: nothing left to change
+    shown = capsys.readouterr().out
+    assert "== spark-1 (10.77.0.11): no change" in shown and "== spark-2: SSH over the fabric for root: no change" in shown
     applied = rails(lab)
     assert applied["spark-2/enP2p1s0f1np1"] == (("192.168.101.12/24",), 9000)
     steps_pass(out, tmp_path / "run1", "01,02")
+
+    # The cable moved to the other QSFP port on spark-2: 01 names the port that is Up instead.
+    faults.apply(lab, "twin", "spark-2")
+    try:
+        rows = [c for c in preflight.checks(params, preflight.gather(params, Cluster.from_params(params)))
+                if c.check == "rail map" and c.status == FAIL]
+    finally:
+        faults.heal(lab, "twin")
+    assert [c.node for c in rows] == ["spark-2", "spark-2"]
+    assert "Up instead: rocep1s0f0 ==> enp1s0f0np0 (Up)" in rows[0].observed
+    assert "the cable sits in another port" in rows[0].remedy and "sparkbook discover" in rows[0].remedy
 
     took = reboot(lab, ["spark-1", "spark-2"], say=lambda *_: None)
     assert rails(lab) == applied and max(took.values()) < 60  # what the netplan file persists came back

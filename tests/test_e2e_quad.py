@@ -95,6 +95,11 @@ def test_preflight_names_the_switch_and_reaches_the_serving_ports_between_all_no
     assert len(layout) == 1 and layout[0]["status"] == "PASS" and "switch" in layout[0]["observed"]
     tcp = {c["node"]: c["status"] for c in checks if c["check"].startswith("tcp")}
     assert tcp == {n: "PASS" for n in NODES}
+    # the parity table: every fact shown for all 4 nodes, alike (the lab's nodes share one machine)
+    with open(out / "parity.csv", newline="") as f:
+        parity = list(csv.DictReader(f))
+    assert [r["parity"] for r in parity] == ["same"] * len(parity) and len(parity) >= 12
+    assert all(r[n] not in ("", "-") for r in parity for n in NODES if r["fact"] != "BIOS")
 
 
 def test_inventory_lists_every_nodes_cx7_ports_and_the_rails_are_the_cabled_ones(quad_run):

@@ -377,8 +377,8 @@ class CountingLab(Lab):
         self.n = 0
         return []
 
-    def up(self, n=2, say=print):
-        self.calls.append(f"up {n}")
+    def up(self, n=2, say=print, unwired=False):
+        self.calls.append(f"up {n}" + (" unwired" if unwired else ""))
         self.n = n
 
 

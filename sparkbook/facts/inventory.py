@@ -22,6 +22,10 @@ class NodeFacts(TypedDict, total=False):
     os: str | None
     kernel: str | None
     arch: str | None
+    bios: str | None
+    user: str | None  # the SSH user sparkbook works as, and its numeric ids
+    uid: str | None
+    gid: str | None
     cpus: int | None
     memory_gb: float | None
     memory_available_gb: float | None
@@ -67,7 +71,8 @@ def parse(stdout: str) -> NodeFacts:
     kv = parse_key_values(sections.get("facts", ""))
     facts: NodeFacts = {
         "hostname": kv.get("hostname"), "os": kv.get("os"), "kernel": kv.get("kernel"),
-        "arch": kv.get("arch"), "cpus": int(kv["cpus"]) if kv.get("cpus", "").isdigit() else None,
+        "arch": kv.get("arch"), "bios": kv.get("bios") or None, "user": kv.get("user"), "uid": kv.get("uid"),
+        "gid": kv.get("gid"), "cpus": int(kv["cpus"]) if kv.get("cpus", "").isdigit() else None,
         "memory_gb": _gb(kv.get("mem_total_kb")), "memory_available_gb": _gb(kv.get("mem_available_kb")),
         "model_disk_free_gb": _gb(kv.get("model_disk_free_kb")),
         "docker": kv.get("docker_version"), "docker_root": kv.get("docker_root"),

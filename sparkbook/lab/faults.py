@@ -33,6 +33,9 @@ Spark; `heal` undoes it. Applied faults are kept in lab.json.
 - dhcp         the node's first rail on a NetworkManager profile that sets it by DHCP, as DGX OS
                ships the CX-7 ports: a simulated `nmcli` (simhw.py) on the node's PATH (the lab's
                rails are set by `ip`, which no NetworkManager manages)
+- twin         the node's cable in the other QSFP port: its cabled netdevs carry the other port's
+               names (enp1s0f1np1 becomes enp1s0f0np0, enP2p1s0f1np1 enP2p1s0f0np0), so ibdev2netdev
+               shows the f0 twins Up and the f1 ones Down, as a Spark recabled into port 1 does
 - mgmt-cut     the node's `netplan apply` takes its management address down while a file of
                sparkbook's is among its netplan files (simnet.py), as a renderer switch or a bad
                merge does on a real node: `sparkbook fabric apply`'s guard must roll it back
@@ -172,6 +175,17 @@ def _simulated(tool: str, key: str, value) -> tuple[Callable[[Site], None], Call
     return make, undo
 
 
+def _twin(f1_to_f0: bool) -> Callable[[Site], None]:
+    def rename(s: Site) -> None:
+        for f1 in RAIL_NAMES:
+            f0 = f1.replace("f1np1", "f0np0")
+            old, new = (f1, f0) if f1_to_f0 else (f0, f1)
+            sh("ip", "-n", s.ns, "link", "set", "dev", old, "down")
+            sh("ip", "-n", s.ns, "link", "set", "dev", old, "name", new)
+            sh("ip", "-n", s.ns, "link", "set", "dev", new, "up")
+    return rename
+
+
 def _image_drift(s: Site) -> None:
     image = s.params.runtime.image
     r = docker(s.node, "image", "inspect", "--format", "{{.Id}}", image, check=False)
@@ -301,6 +315,7 @@ TABLE: dict[str, tuple[Callable[[Site], None], Callable[[Site], None]]] = {
     "fec": _slow_link(fec=True),
     "cpu-quota": (_cpu_quota, _cpu_back),
     "dhcp": _simulated("nmcli", "nm_dhcp", {"interface": RAIL_NAMES[0], "connection": "Wired connection 1"}),
+    "twin": (_twin(True), _twin(False)),
     "mgmt-cut": (lambda s: _set_state(s.node, "netplan_cuts_management", True),
                  lambda s: _set_state(s.node, "netplan_cuts_management", None)),
 }

@@ -419,15 +419,16 @@ class Lab:
         it was found: as many nodes up again (rebuilt if need be), or none."""
         st = self.state()
         n = len(st["nodes"]) if st and not st.get("down_failed") else 0
+        unwired = bool(st and st.get("unwired"))
         with _sigterm_as_exit():
             try:
                 yield self
             finally:
                 now = self.state()
-                if now and (not n or len(now["nodes"]) != n):
+                if now and (not n or len(now["nodes"]) != n or bool(now.get("unwired")) != unwired):
                     self.down(say=say)
                 if n:
-                    self.up(n, say=say)
+                    self.up(n, say=say, unwired=unwired)
 
     # ------------------------------------------------------------------------------ status
 

@@ -10,5 +10,6 @@ remedy.
 from .checks import checks
 from .checks import table as checks_table
 from .collect import NodeReport, Preflight, gather
+from .parity import table as parity_table
 
-__all__ = ["NodeReport", "Preflight", "checks", "checks_table", "gather"]
+__all__ = ["NodeReport", "Preflight", "checks", "checks_table", "gather", "parity_table"]

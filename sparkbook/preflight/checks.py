@@ -32,8 +32,10 @@ GROUPS = [
     Group(("ssh",), "this machine reaches every node by SSH, host keys checked", reach.ssh),
     Group(("ssh *→worker",), "the head reaches every worker by SSH (the copies of 03), and each worker "
           "that relays the image reaches those it feeds", reach.node_to_node),
-    Group(("same os", "same arch", "same kernel"), "every node runs the same OS, architecture and kernel",
-          nodes.sameness),
+    Group(("same os", "same arch", "same kernel", "same bios", "same docker", "same cuda", "same user"),
+          "every node runs the same OS, architecture, kernel, BIOS, Docker and the driver's CUDA, and "
+          "sparkbook logs in as the same user (name, UID, GID) on each (01's parity table shows them "
+          "side by side)", nodes.sameness),
     Group(("gpu", "memory", "stale processes"), "the GPUs the parameters expect, the unified memory (from "
           "/proc/meminfo where nvidia-smi has none), no process or container left holding GPU memory",
           nodes.gpus),

@@ -65,9 +65,16 @@ def rail_map(node: Node, rail: Rail, d: NodeReport) -> Iterator[Check]:
         ib = d["ibdev2netdev"].get(hca)
         ok = bool(ib) and ib["netdev"] == where and ib["up"]
         seen = f"{hca} ==> {ib['netdev']} ({'Up' if ib['up'] else 'Down'})" if ib else f"no HCA {hca}"
-        yield Check("rail map", node.name, PASS if ok else FAIL, seen, f"{hca} ==> {where} (Up)",
-                    "" if ok else f"check the QSFP cable and that {hca} belongs to "
-                    f"{where} (ibdev2netdev); the link must be Up", "ibdev2netdev")
+        railed = {r.interface for r in node.rails}
+        elsewhere = [f"{h} ==> {o['netdev']} (Up)" for h, o in d["ibdev2netdev"].items()
+                     if o["up"] and h != hca and o["netdev"] not in railed]
+        remedy = "" if ok else (
+            f"the cable sits in another port: ibdev2netdev shows {', '.join(elsewhere)}. Move it back to "
+            f"{where}'s port, or write the rails from what is cabled (`sparkbook discover`, then `sparkbook "
+            "fabric plan`)" if elsewhere and not (ib and ib["up"]) else
+            f"check the QSFP cable and that {hca} belongs to {where} (ibdev2netdev); the link must be Up")
+        yield Check("rail map", node.name, PASS if ok else FAIL, seen + (f"; Up instead: {', '.join(elsewhere)}"
+                    if elsewhere and not ok else ""), f"{hca} ==> {where} (Up)", remedy, "ibdev2netdev")
     port = port_state(d, hca)
     if port:
         ok = port.active and port.link_up

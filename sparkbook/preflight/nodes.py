@@ -14,15 +14,35 @@ from .collect import CLOCK_READS, Preflight
 SKEW_WARN_S, SKEW_FAIL_S = 0.5, 2.0
 
 
+def _user(f: dict) -> str | None:
+    return f"{f['user']} ({f.get('uid')}:{f.get('gid')})" if f.get("user") else None
+
+
+# fact -> how to read it, and the remedy where nodes differ (01's parity table shows them together)
+SAME = {
+    "os": (lambda d: d["facts"].get("os"), "align the OS release across nodes (mismatches break NCCL and CUDA)"),
+    "arch": (lambda d: d["facts"].get("arch"), "use nodes of one architecture: one image serves them all"),
+    "kernel": (lambda d: d["facts"].get("kernel"), "align the kernel across nodes (the DGX OS updates), then reboot"),
+    "bios": (lambda d: d["facts"].get("bios"), "update every node's firmware to the same release (DGX OS updates, "
+             "`sudo fwupdmgr update`), then reboot"),
+    "docker": (lambda d: d["facts"].get("docker"), "install the same Docker release on every node"),
+    "cuda": (lambda d: (d.get("smi") or {}).get("cuda"), "install the same NVIDIA driver (it sets the CUDA version) "
+             "on every node, then reboot"),
+    "user": (lambda d: _user(d["facts"]), "log in as the same user, with the same UID and GID, on every node "
+             "(`id` on each): files one node copies to another keep their numeric owner"),
+}
+
+
 def sameness(params: Params, pf: Preflight) -> Iterator[Check]:
-    """OS, arch and kernel alike on every node (mismatches break NCCL and CUDA); the driver and the
+    """OS, arch, kernel, BIOS, Docker, the driver's CUDA and the SSH user (name, UID, GID) alike on
+    every node that shows them (01's parity table shows them all side by side); the driver and the
     firmware, with their ranges, are host.versions'."""
-    for fact in ("os", "arch", "kernel"):
-        seen = {n.name: pf.nodes[n.name]["facts"].get(fact) for n in pf.up(params)}
-        ok = len(set(seen.values())) <= 1
+    for fact, (read, remedy) in SAME.items():
+        seen = {n.name: read(pf.nodes[n.name]) for n in pf.up(params)}
+        ok = len({v for v in seen.values() if v}) <= 1
         yield Check(f"same {fact}", "all", PASS if ok else WARN,
-                    " / ".join(f"{k}: {val}" for k, val in seen.items()), "the same on every node",
-                    "" if ok else f"align the {fact} across nodes (mismatches break NCCL and CUDA)")
+                    " / ".join(f"{k}: {val or 'not shown'}" for k, val in seen.items()), "the same on every node",
+                    "" if ok else remedy)
 
 
 def gpus(params: Params, pf: Preflight) -> Iterator[Check]:

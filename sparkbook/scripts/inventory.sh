@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The facts of this node, for sparkbook's inventory (00) and preflight (01): "key=value" lines in a
-# section "@@ facts" (host, OS, kernel, CPUs, memory, free disk, Docker), then the GPUs as
+# section "@@ facts" (host, OS, kernel, BIOS, the SSH user with its UID and GID, CPUs, memory, free
+# disk, Docker), then the GPUs as
 # nvidia-smi CSV with its header in a section "@@ gpu" (or "nvidia-smi absent|failed: ...").
 # Usage: inventory.sh MODEL_DIR [DOCKER_ROOT]
 #   MODEL_DIR    the model's folder (it may not exist yet): the free space of its filesystem
@@ -26,6 +27,10 @@ echo "hostname=$(hostname)"
 )
 echo "kernel=$(uname -r)"
 echo "arch=$(uname -m)"
+echo "bios=$(cat /sys/class/dmi/id/bios_version 2>/dev/null || true)"
+echo "user=$(id -un)"
+echo "uid=$(id -u)"
+echo "gid=$(id -g)"
 echo "cpus=$(nproc)"
 awk '/^MemTotal:/ {print "mem_total_kb="$2} /^MemAvailable:/ {print "mem_available_kb="$2}' /proc/meminfo
 echo "model_disk_free_kb=$(free_kb "$model_dir")"

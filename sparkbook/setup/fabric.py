@@ -104,7 +104,8 @@ def _plan_one(params: Params, node: Node, out: str) -> NodePlan:
     target = s.get("target", "").strip()
     if target == "unreadable":
         p.error = f"{FILE} exists but is root's alone and `sudo -n` refuses to read it"
-    p.current = s.get("current", "") if target == "present" else None
+    # sections drop the newline before the next section: the file's last one is put back
+    p.current = s.get("current", "") + "\n" if target == "present" else None
     links = _links(s.get("links", ""))
     for r in node.rails:
         link = links.get(r.interface)
@@ -331,3 +332,17 @@ def describe(plans: list[NodePlan]) -> str:
         if not p.problems:
             out.append("  netplan generate (the node's parser, the node's files with this one): ok")
     return "\n".join(out)
+
+
+def plan_checks(plans: list[NodePlan], peers: list) -> list[Check]:
+    """The plan's verdict, one row per node: whether apply can go ahead (``peers``: the
+    :class:`sparkbook.setup.mesh.MeshPlan` of each node; a missing key pair is apply's to make)."""
+    errors = {p.node.name: p.error for p in peers if p.error and "apply makes one" not in p.error}
+    rows = []
+    for p in plans:
+        problems = p.problems + ([f"SSH between the nodes: {errors[p.node.name]}"] if p.node.name in errors else [])
+        seen = "; ".join(problems) or ("; ".join(p.changes) if p.changes else "no change" if p.unchanged else "file written")
+        rows.append(Check("fabric plan", p.node.name, FAIL if problems else PASS, seen,
+                          "a plan apply can make (netplan's parser passes, no other file owns a rail, root)",
+                          "fix each problem named, then plan again" if problems else "", f"fabric.sh plan {FILE} ..."))
+    return rows

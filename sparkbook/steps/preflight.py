@@ -30,6 +30,14 @@ def table(outcome: Preflight) -> Table:
     return inventory.table(outcome.rows())
 
 
+def parity(ctx: Context, outcome: Preflight) -> Table:
+    """What must match on every node, side by side, each difference marked (also ``parity.csv``);
+    the verdict judges each fact in its own row."""
+    shown = preflight.parity_table(ctx.params, outcome)
+    shown.write_csv(ctx.path("parity.csv"))
+    return shown
+
+
 def what_is_checked() -> Table:
     """Every group of checks, in the verdict's order (the same list as ``sparkbook preflight --help``)."""
     return preflight.checks_table()
