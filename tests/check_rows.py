@@ -106,6 +106,7 @@ ROWS: dict[str, Entry] = {
     "rail dhcp": Tests(HOST + "test_a_rail_networkmanager_sets_by_dhcp_warns_with_the_nmcli_that_makes_it_static", PLANTED),
     "rail persisted": Tests(DAYONE),
     "fabric apply": Tests(DAYONE),
+    "fabric plan": Tests(SETUP + "test_a_plan_that_cannot_be_applied_fails_its_row_per_node"),
     "fabric restore": Tests(SETUP + "test_a_refusing_node_fails_each_row_on_that_node_with_what_was_seen"),
     "ssh mesh": Tests(SETUP + "test_a_refusing_node_fails_each_row_on_that_node_with_what_was_seen"),
     "ssh mesh restore": Tests(SETUP + "test_a_refusing_node_fails_each_row_on_that_node_with_what_was_seen"),

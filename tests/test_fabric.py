@@ -144,3 +144,19 @@ def test_a_refusing_node_fails_each_row_on_that_node_with_what_was_seen():
     assert [(c.check, c.node, c.status) for c in rows] == [
         (what, n, FAIL) for what in ("ssh mesh", "ssh mesh restore", "fabric restore") for n in ("spark-1", "spark-2")]
     assert all("NOPASSWD" in c.observed for c in rows) and all(c.remedy for c in rows)
+
+
+def test_the_doctor_shows_rows_01_writes():
+    """`sparkbook fabric doctor` is 01's fabric rows alone: each name it keeps is a row 01 writes."""
+    from sparkbook.preflight.checks import GROUPS
+    from sparkbook.steps.day_one import DOCTOR
+    assert set(DOCTOR) <= {r for g in GROUPS for r in g.rows}
+
+
+def test_a_plan_that_cannot_be_applied_fails_its_row_per_node():
+    params = load(ROOT / "parameters" / "lab.yaml")
+    node = params.nodes[0]
+    bad = fabric._plan_one(params, node, plan_output(target="absent", generate="netplan unavailable", links="[]", root="root"))
+    rows = fabric.plan_checks([bad], [])
+    assert [(c.check, c.node, c.status) for c in rows] == [("fabric plan", node.name, FAIL)]
+    assert "netplan is not installed" in rows[0].observed and rows[0].remedy
