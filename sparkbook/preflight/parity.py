@@ -14,18 +14,26 @@ from ..facts.identity import ImageIdentity
 from ..params import Node, Params
 from .collect import NodeReport, Preflight
 from .host import driver_of, firmware_of
+from .nodes import SAME
+
+
+def _same(fact: str) -> Callable[[Node, NodeReport], str | None]:
+    """The reader of ``same FACT``'s row (nodes.SAME): the table shows what the verdict judges."""
+    read = SAME[fact][0]
+    return lambda n, d: read(d)
+
 
 # fact -> (how to read it from a node's report, what a mismatch does, with its source where public)
 FACTS: dict[str, tuple[Callable[[Node, NodeReport], str | None], str]] = {
-    "OS release": (lambda n, d: d["facts"].get("os"), "other system libraries under the same image"),
-    "kernel": (lambda n, d: d["facts"].get("kernel"), "other RDMA and GPU kernel drivers"),
-    "arch": (lambda n, d: d["facts"].get("arch"), "an image built for one architecture does not start on the other"),
-    "BIOS": (lambda n, d: d["facts"].get("bios"), "other power and PCIe settings"),
+    "OS release": (_same("os"), "other system libraries under the same image"),
+    "kernel": (_same("kernel"), "other RDMA and GPU kernel drivers"),
+    "arch": (_same("arch"), "an image built for one architecture does not start on the other"),
+    "BIOS": (_same("bios"), "other power and PCIe settings"),
     "driver": (lambda n, d: ", ".join(driver_of(d)) or None,
                "ranks on other drivers: a hang traced to a driver mismatch (NVIDIA/nccl#447)"),
-    "CUDA (driver's)": (lambda n, d: (d.get("smi") or {}).get("cuda"), "the newest CUDA the driver runs differs"),
+    "CUDA (driver's)": (_same("cuda"), "the newest CUDA the driver runs differs"),
     "CX-7 firmware": (lambda n, d: ", ".join(firmware_of(n, d)) or None, "other link behaviour on each end of a cable"),
-    "Docker": (lambda n, d: d["facts"].get("docker"), "other container runtime behaviour"),
+    "Docker": (_same("docker"), "other container runtime behaviour"),
     "user": (lambda n, d: d["facts"].get("user"), "another login on each node"),
     "UID:GID": (lambda n, d: f"{d['facts']['uid']}:{d['facts']['gid']}" if d["facts"].get("uid") else None,
                 "the files one node copies to another belong to someone else there"),

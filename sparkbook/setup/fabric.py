@@ -318,7 +318,6 @@ def checks(outcomes: list[Outcome], what: str) -> list[Check]:
                   "" if o.ok else remedy.get(o.status, ""), o.command) for o in outcomes]
 
 
-
 def describe(plans: list[NodePlan]) -> str:
     """The plans as text: per node the diff, what else changes, and what stops apply."""
     out = []
@@ -336,8 +335,8 @@ def describe(plans: list[NodePlan]) -> str:
 
 def plan_checks(plans: list[NodePlan], peers: list) -> list[Check]:
     """The plan's verdict, one row per node: whether apply can go ahead (``peers``: the
-    :class:`sparkbook.setup.mesh.MeshPlan` of each node; a missing key pair is apply's to make)."""
-    errors = {p.node.name: p.error for p in peers if p.error and "apply makes one" not in p.error}
+    :class:`sparkbook.setup.mesh.MeshPlan` of each node)."""
+    errors = {p.node.name: p.error for p in peers if p.error}
     rows = []
     for p in plans:
         problems = p.problems + ([f"SSH between the nodes: {errors[p.node.name]}"] if p.node.name in errors else [])

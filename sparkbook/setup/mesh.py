@@ -79,8 +79,7 @@ def plan(params: Params, cluster: Cluster | None = None) -> list[MeshPlan]:
             pub = theirs.get("pubkey", "").split()
             if len(pub) >= 2 and tuple(pub[:2]) not in keys:
                 p.authorized.append(f"{pub[0]} {pub[1]} {m}")
-            elif not pub:
-                p.error = p.error or f"{peer.name} has no key pair yet: apply makes one, then plan again shows its line"
+            # a peer without a key pair: its own plan says keygen; apply makes it, then plans again
         if not seen[node.name].get("hostkeys", "").strip():
             p.error = f"its sshd answered no ssh-keyscan on 127.0.0.1:{node.port or 22}"
     return out
