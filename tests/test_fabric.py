@@ -5,6 +5,7 @@ what a node's plan output means; the addressing scheme of a node fresh from the 
 import json
 import shutil
 import subprocess
+import time
 
 import pytest
 import yaml
@@ -160,3 +161,56 @@ def test_a_plan_that_cannot_be_applied_fails_its_row_per_node():
     rows = fabric.plan_checks([bad], [])
     assert [(c.check, c.node, c.status) for c in rows] == [("fabric plan", node.name, FAIL)]
     assert "netplan is not installed" in rows[0].observed and rows[0].remedy
+
+
+class LostStart:
+    """spark-2's change cuts its management address before the SSH answer to the start comes
+    back: the start times out and the node is silent until its guard rolls back at the deadline.
+    spark-1 applies as planned. The clock is fake: sleeping moves it."""
+
+    def __init__(self, params, deadline):
+        self.params, self.deadline, self.now, self.ssh, self.said = params, deadline, 0.0, None, []
+
+    def monotonic(self):
+        return self.now
+
+    def __getattr__(self, name):  # strftime, gmtime: the real ones
+        return getattr(time, name)
+
+    def sleep(self, s):
+        self.now += s
+
+    def run(self, cmd, nodes=None, timeout=None):
+        out = {n.name: Result(n.name, "fabric.sh apply", 0, stdout="@@ started\n/x") for n in nodes}
+        out["spark-2"] = Result("spark-2", "fabric.sh apply", None, error=f"timed out after {timeout} s", timed_out=True)
+        self.now += timeout
+        return Results(out)
+
+    def run_on(self, node, cmd, timeout=None):
+        verb = cmd.args[0]
+        self.said.append((node.name, verb))
+        if node.name == "spark-2":
+            if self.now < self.deadline:
+                return Result(node.name, "fabric.sh status", None, error="connection timed out")
+            return Result(node.name, "fabric.sh status", 0, stdout="@@ state\nrolled-back\n@@ why\nno confirmation\n")
+        links = json.dumps([link(r.interface, 9000, f"{r.ip}/{r.prefix}") for r in node.rails])
+        applied = "applied" if self.now < self.deadline else "rolled-back"  # its guard's deadline
+        state = {"status": applied, "abort": "rolled-back"}.get(verb, verb)
+        return Result(node.name, "fabric.sh", 0, stdout=plan_output(state=state, links=links))
+
+
+def test_a_start_whose_answer_the_change_swallowed_is_watched_and_named_cut_off(monkeypatch):
+    """CI: the guard's `netplan apply` cut spark-2's management address before the SSH answer to
+    the start came back. That node is watched like the others (its guard runs), named cut-off when
+    its guard has rolled back, and the other node is rolled back with it."""
+    params = load(ROOT / "parameters" / "lab.yaml")
+    fake = LostStart(params, deadline=20)
+    monkeypatch.setattr(fabric, "time", fake)
+    monkeypatch.setattr(fabric, "drop", lambda node, ssh: None)
+    plans = [fabric._plan_one(params, n, plan_output(
+        target="absent", current="", others="", nm="", generate="rc=0", root="root",
+        links=json.dumps([link(r.interface, 1500) for r in n.rails]))) for n in params.nodes]
+    out = fabric.apply(params, plans, deadline_s=20, cluster=fake, say=lambda *_: None)
+    assert [(o.node, o.status) for o in out] == [("spark-1", "held-back"), ("spark-2", "cut-off")]
+    assert "did not answer a fresh SSH connection" in out[1].seen and "Its guard restored" in out[1].seen
+    assert ("spark-1", "abort") in fake.said and ("spark-1", "confirm") not in fake.said

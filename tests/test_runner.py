@@ -75,6 +75,20 @@ def test_passing_run_writes_outputs_summary_and_report(books, tmp_path, capsys):
     assert (out / "parameters.yaml").read_text() == LOCALHOST.read_text()
 
 
+def test_the_kernel_talks_over_private_unix_sockets_not_tcp_ports(books, tmp_path):
+    """CI saw "Kernel died before replying to kernel_info": a TCP port jupyter_client picked was
+    taken by another process before the kernel bound it. The kernel gets Unix sockets in a private
+    folder instead, which the run removes."""
+    notebook(books / "03_sockets.ipynb", START, "import json\nfrom ipykernel import get_connection_info\n"
+             "ctx.save_json('sockets.json', get_connection_info(unpack=True))")
+    out = tmp_path / "run"
+    assert main(["run", "-p", str(LOCALHOST), "--notebooks", str(books), "--steps", "03", "--out", str(out)]) == 0
+    info = json.loads((out / "sockets.json").read_text())
+    folder = Path(info["ip"]).parent
+    assert info["transport"] == "ipc" and folder.name.startswith("sparkbook-kernel-")
+    assert not folder.exists()  # removed with the step
+
+
 def test_failing_step_stops_the_run_and_says_why(books, tmp_path):
     out = tmp_path / "run"
     code = main(["run", "-p", str(LOCALHOST), "--notebooks", str(books), "--out", str(out)])

@@ -11,12 +11,20 @@ kernel at once, teardown included, and the teardown is skipped.
 
 A kernel is interrupted only while one of its cells runs: ipykernel ignores SIGINT between cells,
 and a kernel that is still starting would die of it with a traceback.
+
+The kernel talks to the runner over Unix sockets in a private folder, not over TCP ports:
+jupyter_client picks free ports by binding and releasing them, so a kernel started beside other
+Jupyter processes can lose its port before it binds and die with "Address already in use"
+("Kernel died before replying to kernel_info"; seen in CI with three test workers, and reported
+for parallel notebook runs, e.g. statsmodels/statsmodels#4116).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 import threading
 from typing import Any
 
@@ -49,6 +57,7 @@ class Interrupts:
         self._lock = threading.RLock()  # the signal handler may run while the main thread holds it
         self._timer: threading.Timer | None = None
         self._previous: dict[int, Any] = {}
+        self._sockets: str | None = None  # the running kernel's socket folder
 
     def __enter__(self) -> "Interrupts":
         if threading.current_thread() is threading.main_thread():
@@ -94,9 +103,10 @@ class Interrupts:
 
         class Stoppable(AsyncKernelManager):
             def __init__(self, *args: Any, **kw: Any) -> None:
-                super().__init__(*args, **kw)
+                sockets = tempfile.mkdtemp(prefix="sparkbook-kernel-")
+                super().__init__(*args, transport="ipc", ip=os.path.join(sockets, "k"), **kw)
                 with interrupts._lock:
-                    interrupts._kernel = self
+                    interrupts._kernel, interrupts._sockets = self, sockets
 
         return Stoppable
 
@@ -108,6 +118,9 @@ class Interrupts:
     def end(self) -> None:
         with self._lock:
             self.step, self._kernel = "", None
+            if self._sockets:
+                shutil.rmtree(self._sockets, ignore_errors=True)
+                self._sockets = None
             self._serial += 1
             if self._timer is not None:
                 self._timer.cancel()

@@ -140,12 +140,16 @@ apply)
     mtu "$i" >"$dir/mtu.$i"
   done
   echo $(($(date +%s) + deadline)) >"$dir/deadline"
-  setsid bash -c "$BASH_EXECUTION_STRING" fabric.sh guard "$dir" </dev/null >>"$dir/guard.log" 2>&1 &
+  setsid bash -c "$BASH_EXECUTION_STRING" fabric.sh guard "$dir" "$$" </dev/null >>"$dir/guard.log" 2>&1 &
   echo "@@ started"
   echo "$dir"
   ;;
 guard)
-  dir=$1
+  dir=$1 starter=$2
+  # This shell's answer ("started") must leave before a change that cuts the management address
+  # can swallow it: wait for the starting shell to end, and a second for sshd to send it on.
+  while kill -0 "$starter" 2>/dev/null; do sleep 0.1; done
+  sleep 1
   target=$(cat "$dir/target")
   install -m 600 -- "$dir/new.yaml" "$target"
   log "wrote $target; netplan apply"

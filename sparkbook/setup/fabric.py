@@ -264,10 +264,12 @@ def apply(params: Params, plans: list[NodePlan], deadline_s: int = DEADLINE_S,
     t0 = time.monotonic()
     started = cluster.run(lambda n: script("fabric.sh", "apply", FILE, next(p.text for p in todo if p.node is n),
                                            deadline_s, txn, *(r.interface for r in n.rails)),
-                          [p.node for p in todo], timeout=30)
-    watch = [p for p in todo if started[p.node.name].ok]
+                          [p.node for p in todo], timeout=deadline_s / 2)  # time left to confirm the others
+    # A start whose SSH answer was lost (the change may have cut the connection) is watched like
+    # the others: its guard may run. A start the node answered with an error is refused.
+    watch = [p for p in todo if started[p.node.name].ok or started[p.node.name].error]
     outcomes += [Outcome(p.node.name, "refused", started[p.node.name].summary(), started[p.node.name].command)
-                 for p in todo if not started[p.node.name].ok]
+                 for p in todo if p not in watch]
     with ThreadPoolExecutor(max_workers=max(1, len(watch))) as pool:
         states = list(pool.map(lambda p: _until_applied(params, cluster, p, txn, deadline_s, t0), watch))
         failed = [o.node for o in outcomes if o.status == "refused"] + \
