@@ -279,6 +279,27 @@ def test_no_gid_for_the_address_or_no_table():
     assert rows(validate(data), report(), "rail gid") == []
 
 
+def test_an_address_on_one_twin_only_is_named_with_the_fabric_remedy():
+    params = lab_params()
+    first, second = params.nodes[0].rails
+    d = report()
+
+    def addressed(*rails):  # `ip -j addr` as the bundle reads it: the twins up at MTU 9000, these addressed
+        d["links"] = {r: {"ifname": r, "mtu": 9000, "addr_info": [
+            {"family": "inet", "local": str(x.ip), "prefixlen": x.prefix} for x in rails if x.interface == r]}
+            for r in RAILS}
+        return {c.observed.split(":")[0]: c for c in rows(params, d, "rail address")}
+
+    one = addressed(first)
+    assert one[first.interface].status == PASS
+    half = one[second.interface]
+    assert half.status == FAIL and f"an address on one twin only ({first.interface} has its own)" in half.observed
+    assert "sparkbook fabric apply" in half.remedy and f"{second.ip}/{second.prefix}" in half.remedy
+    neither = addressed()[second.interface]  # nothing anywhere: a plain missing address, not a half fabric
+    assert neither.status == FAIL and "twin" not in neither.observed and "(netplan)" in neither.remedy
+    assert {c.status for c in addressed(first, second).values()} == {PASS}
+
+
 # -------------------------------------------------------------- the lab's tools, real parsers
 
 def simulated(tool, args, state, monkeypatch, links=None, addrs=None) -> str:

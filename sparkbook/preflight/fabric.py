@@ -183,15 +183,27 @@ def rail_mtu(params: Params, node: Node, rail: Rail, d: NodeReport) -> Check:
                  "permanent in netplan, on every node", f"ip link show {where}")
 
 
+def _inet(d: NodeReport, where: str) -> list[str]:
+    return [f"{a['local']}/{a['prefixlen']}" for a in (d["links"].get(where) or {}).get("addr_info", [])
+            if a.get("family") == "inet"]
+
+
 def rail_address(node: Node, rail: Rail, d: NodeReport) -> Check:
-    where = rail.interface
-    addrs = [f"{a['local']}/{a['prefixlen']}" for a in (d["links"].get(where) or {}).get("addr_info", [])
-             if a.get("family") == "inet"]
-    want = f"{rail.ip}/{rail.prefix}"
-    return Check("rail address", node.name, PASS if want in addrs else FAIL,
-                 f"{where}: {', '.join(addrs) or 'no IPv4 address'}", want,
-                 "" if want in addrs else f"assign {want} to {where} (netplan), or fix "
-                 "the parameters", f"ip addr show {where}")
+    """The rail holds its address. Where it does not but another rail of the node does (one twin
+    configured and the other not, a common first-day slip), the row says so: that node runs on
+    half its fabric, and the peers' traffic on this rail has nowhere to go."""
+    where, want = rail.interface, f"{rail.ip}/{rail.prefix}"
+    addrs = _inet(d, where)
+    if want in addrs:
+        return Check("rail address", node.name, PASS, f"{where}: {', '.join(addrs)}", want, command=f"ip addr show {where}")
+    twins = [r.interface for r in node.rails if r is not rail and f"{r.ip}/{r.prefix}" in _inet(d, r.interface)]
+    seen = f"{where}: {', '.join(addrs) or 'no IPv4 address'}"
+    remedy = f"assign {want} to {where} (netplan), or fix the parameters"
+    if twins:
+        seen += f"; an address on one twin only ({', '.join(twins)} has its own): half the fabric"
+        remedy = ("configure every rail at once: `sparkbook fabric plan` then `sparkbook fabric apply` "
+                  f"(a netplan file for all twins), or assign {want} to {where} by hand")
+    return Check("rail address", node.name, FAIL, seen, want, remedy, f"ip addr show {where}")
 
 
 def path_mtu(params: Params, node: Node, rail: Rail, d: NodeReport, names: dict[str, str]) -> Iterator[Check]:
