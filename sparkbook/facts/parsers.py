@@ -463,3 +463,9 @@ def listener(ss_lines: list[str], port: int) -> str | None:
             return f"{cols[3]} {proc}".strip()
     return None
 
+
+def ipv4(link: dict | None, scope: str | None = None) -> list[str]:
+    """The IPv4 addresses of an interface as ``ip -j addr show`` lists it, as ``ADDRESS/PREFIX``;
+    only those of ``scope`` (e.g. "global") when given."""
+    return [f"{a['local']}/{a['prefixlen']}" for a in (link or {}).get("addr_info", [])
+            if a.get("family") == "inet" and scope in (None, a.get("scope"))]

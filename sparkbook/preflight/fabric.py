@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Iterator, NamedTuple
 
 from ..book.verdict import FAIL, PASS, SKIP, WARN, Check
-from ..facts.parsers import NO_FEC, Gid
+from ..facts.parsers import NO_FEC, Gid, ipv4
 from ..params import Node, Params, Rail
 from ..serving.containers import nccl_gid_index
 from .collect import NodeReport, Preflight
@@ -183,20 +183,15 @@ def rail_mtu(params: Params, node: Node, rail: Rail, d: NodeReport) -> Check:
                  "permanent in netplan, on every node", f"ip link show {where}")
 
 
-def _inet(d: NodeReport, where: str) -> list[str]:
-    return [f"{a['local']}/{a['prefixlen']}" for a in (d["links"].get(where) or {}).get("addr_info", [])
-            if a.get("family") == "inet"]
-
-
 def rail_address(node: Node, rail: Rail, d: NodeReport) -> Check:
     """The rail holds its address. Where it does not but another rail of the node does (one twin
     configured and the other not, a common first-day slip), the row says so: that node runs on
     half its fabric, and the peers' traffic on this rail has nowhere to go."""
     where, want = rail.interface, f"{rail.ip}/{rail.prefix}"
-    addrs = _inet(d, where)
+    addrs = ipv4(d["links"].get(where))
     if want in addrs:
         return Check("rail address", node.name, PASS, f"{where}: {', '.join(addrs)}", want, command=f"ip addr show {where}")
-    twins = [r.interface for r in node.rails if r is not rail and f"{r.ip}/{r.prefix}" in _inet(d, r.interface)]
+    twins = [r.interface for r in node.rails if r is not rail and f"{r.ip}/{r.prefix}" in ipv4(d["links"].get(r.interface))]
     seen = f"{where}: {', '.join(addrs) or 'no IPv4 address'}"
     remedy = f"assign {want} to {where} (netplan), or fix the parameters"
     if twins:

@@ -33,7 +33,7 @@ import yaml
 
 from ..book.errors import CheckFailed
 from ..book.verdict import FAIL, PASS, Check
-from ..facts.parsers import parse_sections
+from ..facts.parsers import ipv4, parse_sections
 from ..nodes.remote import Cluster, drop
 from ..nodes.shell import script
 from ..params import Node, Params
@@ -59,11 +59,6 @@ def _links(text: str) -> dict[str, dict]:
         return {li["ifname"]: li for li in json.loads(text or "[]")}
     except (ValueError, KeyError, TypeError):
         return {}
-
-
-def _ipv4(link: dict) -> list[str]:
-    return [f"{a['local']}/{a['prefixlen']}" for a in link.get("addr_info", [])
-            if a.get("family") == "inet" and a.get("scope") == "global"]
 
 
 @dataclass
@@ -112,7 +107,7 @@ def _plan_one(params: Params, node: Node, out: str) -> NodePlan:
         if link is None:
             p.conflicts.append(f"{r.interface}: no such interface on {node.name} (discover shows its ports)")
             continue
-        now, want = _ipv4(link), f"{r.ip}/{r.prefix}"
+        now, want = ipv4(link, "global"), f"{r.ip}/{r.prefix}"
         if now != [want]:
             p.changes.append(f"{r.interface}: addresses {', '.join(now) or 'none'} -> {want}"
                              + (f" ({', '.join(a for a in now if a != want)} goes)" if any(a != want for a in now) else ""))
@@ -178,8 +173,8 @@ def _rails_as_planned(params: Params, node: Node, links_json: str) -> list[str]:
     links, wrong = _links(links_json), []
     for r in node.rails:
         link = links.get(r.interface, {})
-        if f"{r.ip}/{r.prefix}" not in _ipv4(link):
-            wrong.append(f"{r.interface} has {', '.join(_ipv4(link)) or 'no address'}, not {r.ip}/{r.prefix}")
+        if f"{r.ip}/{r.prefix}" not in ipv4(link, "global"):
+            wrong.append(f"{r.interface} has {', '.join(ipv4(link, 'global')) or 'no address'}, not {r.ip}/{r.prefix}")
         if link.get("mtu") != params.expectations.mtu:
             wrong.append(f"{r.interface} has MTU {link.get('mtu')}, not {params.expectations.mtu}")
     return wrong
@@ -295,7 +290,7 @@ def restore(params: Params, cluster: Cluster | None = None) -> list[Outcome]:
             out.append(Outcome(node.name, "nothing to restore", s["nothing"].strip(), r.command))
         else:
             same = s.get("identical", "").strip()
-            addrs = {i: _ipv4(li) for i, li in _links(s.get("links", "")).items() if i in {x.interface for x in node.rails}}
+            addrs = {i: ipv4(li, "global") for i, li in _links(s.get("links", "")).items() if i in {x.interface for x in node.rails}}
             seen = (f"change {s.get('change', '').strip()} undone; rails now "
                     + "; ".join(f"{i}: {', '.join(a) or 'no address'}" for i, a in addrs.items()))
             out.append(Outcome(node.name, "restored" if same == "yes" else "differs",
