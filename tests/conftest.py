@@ -113,14 +113,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def loopback_sshd(root: Path, key: Path) -> SshServer:
+    """A real sshd on loopback playing a node, on a free port, with a home of its own. Its sessions
+    run as this machine's user, and bash reads ``$HOME/.bashrc`` for every SSH command: this
+    machine's may be slow (pyenv's ``init`` rehashes under a lock that every concurrent shell
+    waits on, up to a minute, and a killed one leaves the lock behind), and a node's is not it."""
+    home = root / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    return SshServer(root, free_port(), authorized_keys=[key], set_env={"HOME": str(home)})
+
+
 class SshNodes:
     """Several real sshd on loopback, each playing a node."""
 
     def __init__(self, root: Path, count: int):
         self.root = root
         self.key = keygen(root / "client" / "id_ed25519", "sparkbook-tests")
-        self.servers = [SshServer(root / f"node{i}", free_port(), authorized_keys=[self.key])
-                        for i in range(count)]
+        self.servers = [loopback_sshd(root / f"node{i}", self.key) for i in range(count)]
         for s in self.servers:
             s.start()
         self.known_hosts = root / "client" / "known_hosts"

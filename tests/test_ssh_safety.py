@@ -8,12 +8,12 @@ import time
 
 import pytest
 
-from conftest import free_port
+from conftest import loopback_sshd
 from sparkbook.nodes import hostkeys
 from sparkbook.params import SSH, Node
 from sparkbook.nodes.remote import Cluster, drop
 from sparkbook.nodes.shell import peer_ssh
-from sparkbook.nodes.sshd import SshServer, certify_host, keygen
+from sparkbook.nodes.sshd import certify_host, keygen
 
 
 def pubkey(path) -> str:
@@ -33,7 +33,7 @@ def home(tmp_path, monkeypatch):
 def certified(ssh_nodes, tmp_path):
     """An sshd whose host key carries a certificate signed by a CA, and that CA's key."""
     ca = keygen(tmp_path / "ca" / "ca", "sparkbook-test-ca")
-    server = SshServer(tmp_path / "srv", free_port(), authorized_keys=[ssh_nodes.key])
+    server = loopback_sshd(tmp_path / "srv", ssh_nodes.key)
     keygen(server.host_key)
     server.host_certificate = certify_host(ca, server.host_key, ["127.0.0.1"])
     server.start()
