@@ -31,9 +31,21 @@ run_dir = None
 # %% tags=["hide-input"]
 import sparkbook as sb
 from sparkbook import serving
+from sparkbook.record import expiry
 from sparkbook.steps import serve as step
 
 ctx = sb.notebook.start(globals(), step)
+
+# %% [markdown]
+# ## Does 01's preflight still hold?
+#
+# This step builds on what 01 checked (GPUs, links, addresses, memory, stray processes), and a reboot
+# changes all of it. 01's verdict, of this run or the deployment's latest, is refused when a node has
+# booted since (its boot ID changed) or when it is older than `expectations.verdicts_hold_h`: run 01
+# again. No preflight at all is a warning.
+
+# %%
+ctx.gate(expiry.preflight_holds(ctx), key="preflight")
 
 # %% [markdown]
 # ## The image

@@ -26,7 +26,7 @@ import json
 import os
 import threading
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Mapping, MutableMapping
@@ -137,7 +137,11 @@ class Context:
         if outcome is not None:
             checks += step.checks(self.params, outcome)
         numbers = [kn for o in self.outcomes for kn in o.key_numbers()]
-        return Verdict(step.TITLE, checks, key_numbers=numbers)
+        now = datetime.now(timezone.utc)
+        until = now + timedelta(hours=self.params.expectations.verdicts_hold_h)
+        return Verdict(step.TITLE, checks, key_numbers=numbers, taken=now.isoformat(timespec="seconds"),
+                       holds_until=until.isoformat(timespec="seconds"),
+                       boots={n: b for o in self.outcomes for n, b in o.boots().items()})
 
     def path(self, *parts: str) -> Path:
         """A path in the run folder (its parent folders are made)."""

@@ -57,6 +57,7 @@ DAYONE = "tests/test_dayone.py::test_discover_plan_apply_reboot_and_restore_on_n
 FABRIC, COLLECTIVES = "tests/test_fabric_field.py::", "tests/test_collectives.py::"
 NCCL, DISTRIBUTE = "tests/test_collectives_field.py::", "tests/test_distribute.py::"
 SERVING, SMOKE, BENCH = "tests/test_serving.py::", "tests/test_smoke.py::", "tests/test_bench.py::"
+EXPIRY = "tests/test_expiry.py::"
 EVERY_PREFLIGHT_ROW = REMEDIES + "test_every_failing_preflight_row_renders_its_remedy"  # every fact broken
 SPARK_REPORT = PREFLIGHT + "test_a_spark_report_and_its_checks"  # a real Spark's report, the worker down
 LAB_FAULT = PREFLIGHT + "test_fault_fails_the_right_check_on_the_right_node"  # lab: one planted fault each
@@ -227,6 +228,12 @@ ROWS: dict[str, Entry] = {
     "plausibility *": Tests("tests/test_ceiling.py::test_verdict_in_both_directions[70.0-FAIL-measurement bug]",
                             "tests/test_ceiling.py::test_verdict_in_both_directions[10.0-WARN-eager mode]"),
     "plausibility": FailsAs("plausibility *"),  # SKIP: no bandwidth set, or no config.json to judge by
+
+    # ------------------------------------------------------------------------- 05 and 07: 01 still holds
+    "* holds": Tests(EXPIRY + "test_an_expired_preflight_fails_and_one_that_failed_warns",
+                     EXPIRY + "test_no_preflight_warns_and_asks_no_node"),
+    "booted since": Tests(EXPIRY + "test_a_node_booted_since_fails_by_name_and_one_that_does_not_answer_warns",
+                          EXPIRY + "test_an_older_verdict_without_boot_ids_warns_for_each_node"),
 
     # ------------------------------------------------------------------------- 08 teardown ("reachable": 00)
     "containers removed": Tests(REMEDIES + "test_teardown_failures_render"),

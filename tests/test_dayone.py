@@ -20,7 +20,7 @@ import papermill
 import pytest
 
 from sparkbook import preflight
-from sparkbook.book.verdict import FAIL, WARN
+from sparkbook.book.verdict import FAIL, PASS, WARN
 from sparkbook.cli import main
 from sparkbook.lab import faults
 from sparkbook.lab.lab import _port_open
@@ -28,6 +28,7 @@ from sparkbook.lab.nodes import RAILS, sh
 from sparkbook.lab.power import reboot
 from sparkbook.nodes.remote import Cluster
 from sparkbook.params import load
+from sparkbook.record import expiry
 from sparkbook.runbook.runner import run
 
 from conftest import LAB_YAML
@@ -126,8 +127,22 @@ def test_discover_plan_apply_reboot_and_restore_on_nodes_fresh_from_the_box(lab,
     assert "Up instead: rocep1s0f0 ==> enp1s0f0np0 (Up)" in rows[0].observed
     assert "the cable sits in another port" in rows[0].remedy and "sparkbook discover" in rows[0].remedy
 
+    # run1's preflight holds until a node boots again (its boot ID, which each lab node has of its own)
+    def booted(run_dir):
+        return [(c.node, c.status) for c in expiry.holds(params, lambda: Cluster.from_params(params), run_dir)
+                if c.check == "booted since"]
+    assert booted(tmp_path / "run1") == [("spark-1", PASS), ("spark-2", PASS)]
+
     took = reboot(lab, ["spark-1", "spark-2"], say=lambda *_: None)
     assert rails(lab) == applied and max(took.values()) < 60  # what the netplan file persists came back
+    assert booted(tmp_path / "run1") == [("spark-1", FAIL), ("spark-2", FAIL)]
+    # ... so 05, run on its own beside run1, stops at its gate, before any image is touched
+    summary = run(out, steps="05", out=tmp_path / "serve-after-reboot", report=False)
+    assert ("05_serve", "failed") in [(s["name"], s["status"]) for s in summary["steps"]]
+    gate = json.loads((tmp_path / "serve-after-reboot" / "verdicts" / "05_serve.json").read_text())["checks"]
+    assert [(c["node"], c["status"]) for c in gate if c["check"] == "booted since"] == [
+        ("spark-1", "FAIL"), ("spark-2", "FAIL")]
+    assert {c["check"] for c in gate} == {"01_preflight holds", "booted since"}  # nothing else ran
     steps_pass(out, tmp_path / "run2", "01")
 
     assert main(["fabric", "restore", "-p", str(out)]) == 0

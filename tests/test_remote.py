@@ -185,10 +185,13 @@ def test_local_node_runs_without_ssh(tmp_path):
 def test_put_copies_to_every_node(ssh_nodes, tmp_path):
     src = tmp_path / "script.py"
     src.write_text("print('hi')\n")
-    dest = tmp_path / "remote dir" / "s.py"
-    res = Cluster(ssh_nodes.nodes()[:2], ssh_nodes.ssh()).put(src, str(dest), mode=0o755)
+    # the loopback nodes share this machine's disk: one path each, or their exclusive creates race
+    dest = {n.name: tmp_path / "remote dir" / n.name / "s.py" for n in ssh_nodes.nodes()[:2]}
+    res = Cluster(ssh_nodes.nodes()[:2], ssh_nodes.ssh()).put(src, lambda n: str(dest[n.name]),
+                                                               mode=0o755)
     assert res.ok, res
-    assert dest.read_text() == "print('hi')\n" and dest.stat().st_mode & 0o777 == 0o755
+    for path in dest.values():
+        assert path.read_text() == "print('hi')\n" and path.stat().st_mode & 0o777 == 0o755
 
 
 def test_streamed_lines_arriving_in_pieces_stay_whole():

@@ -49,6 +49,11 @@ class Outcome:
         """(label, value) of the numbers people look for first; none by default."""
         return []
 
+    def boots(self) -> dict[str, str]:
+        """Node -> its boot ID when the step read it: what the step found holds until that node
+        boots again (the verdict keeps them); none by default."""
+        return {}
+
     def save(self, run_dir: Path) -> Path | None:
         if not self.FILE:
             return None

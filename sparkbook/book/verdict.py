@@ -169,11 +169,18 @@ class Verdict:
     checks: list[Check] = field(default_factory=list)
     # (label, value) of the numbers people look for first, from the step's outcomes (the report's)
     key_numbers: list[tuple[str, str]] = field(default_factory=list)
+    # When it was taken and until when it holds (ISO 8601, UTC; "" in files older than these
+    # fields): a stated age, or until a node in ``boots`` (node -> the boot ID the step read) boots
+    # again, whichever comes first. A step that builds on another's verdict checks both.
+    taken: str = ""
+    holds_until: str = ""
+    boots: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, d: dict) -> "Verdict":
         return cls(d.get("title", ""), [Check(**c) for c in d.get("checks", [])],
-                   [(k, v) for k, v in d.get("key_numbers", [])])
+                   [(k, v) for k, v in d.get("key_numbers", [])], d.get("taken", ""),
+                   d.get("holds_until", ""), dict(d.get("boots", {})))
 
     def add(self, *checks: Check) -> "Verdict":
         self.checks.extend(checks)
@@ -315,8 +322,9 @@ class Verdict:
         printer.text(self.to_text())
 
     def to_json(self) -> dict:
-        return {"title": self.title, "status": self.status, "checks": [asdict(c) for c in self.checks],
-                "key_numbers": [list(kn) for kn in self.key_numbers]}
+        return {"title": self.title, "status": self.status, "taken": self.taken,
+                "holds_until": self.holds_until, "boots": self.boots,
+                "checks": [asdict(c) for c in self.checks], "key_numbers": [list(kn) for kn in self.key_numbers]}
 
     def save(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ class NodeFacts(TypedDict, total=False):
     hostname: str | None
     os: str | None
     kernel: str | None
+    boot_id: str | None  # new at every boot (the kernel's random/boot_id): a reboot ends what was checked
     arch: str | None
     bios: str | None
     user: str | None  # the SSH user sparkbook works as, and its numeric ids
@@ -71,6 +72,7 @@ def parse(stdout: str) -> NodeFacts:
     kv = parse_key_values(sections.get("facts", ""))
     facts: NodeFacts = {
         "hostname": kv.get("hostname"), "os": kv.get("os"), "kernel": kv.get("kernel"),
+        "boot_id": kv.get("boot_id") or None,
         "arch": kv.get("arch"), "bios": kv.get("bios") or None, "user": kv.get("user"), "uid": kv.get("uid"),
         "gid": kv.get("gid"), "cpus": int(kv["cpus"]) if kv.get("cpus", "").isdigit() else None,
         "memory_gb": _gb(kv.get("mem_total_kb")), "memory_available_gb": _gb(kv.get("mem_available_kb")),
@@ -112,6 +114,9 @@ class Inventory(Outcome):
 
     def to_json(self) -> list[NodeRow]:  # type: ignore[override]  # the file holds a list
         return self.rows
+
+    def boots(self) -> dict[str, str]:
+        return {r["node"]: b for r in self.rows if (b := r.get("boot_id"))}
 
 
 def gather(params: Params, cluster: Cluster) -> Inventory:

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,7 +42,7 @@ from . import host
 from .host import links as _links  # by this name: tests replace it
 from .image import ensure, seed_images
 from .procs import is_init, kill_init
-from .nodes import (BASHRC, BOOT_MTU, FABRIC_MTU, FABRIC_NS, LAB_HOME, MAX_NODES, MGMT_BRIDGE, MGMT_IF, MGMT_NET,
+from .nodes import (BASHRC, BOOT_ID, BOOT_MTU, FABRIC_MTU, FABRIC_NS, LAB_HOME, MAX_NODES, MGMT_BRIDGE, MGMT_IF, MGMT_NET,
                     NETPLAN, NICS, PREFIX, RAILS, RUN, SIMULATED_TOOLS, VARLIB, LabError, LabNode, docker, lab_nodes,
                     lab_params, netplan_files, params_file, sh)
 
@@ -291,6 +292,10 @@ class Lab:
     def _start_init(self, node: LabNode, models_mount: Path) -> tuple[int, int]:
         """The node's init: PID 1 of its PID namespace, holding its mount and UTS namespaces."""
         d = node.dir
+        # Lab only: the nodes share this machine's kernel, so its boot ID is theirs. A boot ID of
+        # the node's own, new at every start (`lab up`, `lab reboot`), stands over the kernel's,
+        # as a real node's changes at each boot: verdicts that expire with a reboot read it.
+        (d / "boot_id").write_text(f"{uuid.uuid4()}\n")
         script = d / "init.sh"
         script.write_text("\n".join([
             "set -e",
@@ -303,6 +308,7 @@ class Lab:
             f"mount --bind {d / 'bashrc'} {BASHRC}",
             f"mount --bind {d / 'netplan'} {NETPLAN}",
             f"mount --bind {d / 'varlib'} {VARLIB}",
+            f"mount --bind {d / 'boot_id'} {BOOT_ID}",
             f"touch {d / 'init.ready'}",
             "trap 'exit 0' TERM",
             # PID 1 reaps the orphans of the node; bash does so while it waits

@@ -31,6 +31,7 @@ BOOT_MTU = 1500  # what a NIC comes up with when nothing persists another
 NETPLAN = Path("/etc/netplan")  # each node binds its own folder here (its persisted network)
 VARLIB = Path("/var/lib/sparkbook")  # ... and here: sparkbook's fabric backups, kept across reboots
 BASHRC = Path("/root/.bashrc")
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")  # ... and here: a boot ID of its own (see Lab._start_init)
 MAX_NODES = 32
 FAULTS = ("node-down", "mtu", "rail-down", "docker-down", "port-busy", "image-drift",
           "model-drift", "slow-link", "stall", "firewall", "stale", "clock", "disk",

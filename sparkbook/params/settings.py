@@ -46,6 +46,9 @@ class Expectations(Section):
     memory_bandwidth_gbs: float | None = Field(None, gt=0, le=100_000, description="each node's memory "
                                                "bandwidth, GB/s (GB10: 273): the ceiling of single-user "
                                                "decode speed (07's plausibility rows); None: not judged")
+    verdicts_hold_h: float = Field(24, gt=0, le=24 * 365, description="how long a step's verdict holds "
+                                   "for the steps that build on it, hours (05 and 07 refuse a preflight "
+                                   "older than this); a reboot of a node it read ends it sooner")
 
     @field_validator("driver", "firmware")
     @classmethod

@@ -89,6 +89,9 @@ class Preflight(Outcome):
     def key_numbers(self) -> list[tuple[str, str]]:
         return [("layout", self.layout)] if self.layout else []
 
+    def boots(self) -> dict[str, str]:
+        return {n: b for n, r in self.nodes.items() if (b := r["facts"].get("boot_id"))}
+
     def rows(self) -> list[NodeRow]:
         """The nodes' facts as rows of the inventory's table."""
         return [{"node": n, "role": self.roles.get(n, ""), "reachable": True, **r["facts"]}

@@ -69,19 +69,23 @@ def run_time(folder: Path) -> float:
     return max(p.stat().st_mtime for p in (folder, folder / "summary.json", folder / "verdicts") if p.exists())
 
 
+def runs(base: Path, deployment: str | None = None) -> list[Path]:
+    """The run folders in ``base`` (those with a summary or verdicts), of ``deployment`` when given
+    (its summary's deployment, or ``interactive-<deployment>``)."""
+    found = [d for d in (base.iterdir() if base.is_dir() else [])
+             if d.is_dir() and ((d / "summary.json").is_file() or (d / "verdicts").is_dir())]
+    return [d for d in found if not deployment or d.name == f"interactive-{deployment}"
+            or _summary(d).get("deployment") == deployment]
+
+
 def latest_run(deployment: str | None = None, root: Path | None = None) -> Path:
-    """The newest run folder under ``outputs/`` (one with a summary or verdicts), of
-    ``deployment`` when given (its summary's deployment, or ``interactive-<deployment>``)."""
+    """The newest run folder under ``outputs/`` (see :func:`runs`)."""
     base = (root or project_root()) / "outputs"
-    runs = [d for d in (base.iterdir() if base.is_dir() else [])
-            if d.is_dir() and ((d / "summary.json").is_file() or (d / "verdicts").is_dir())]
-    if deployment:
-        runs = [d for d in runs if d.name == f"interactive-{deployment}"
-                or _summary(d).get("deployment") == deployment]
-    if not runs:
+    found = runs(base, deployment)
+    if not found:
         of = f" of deployment {deployment!r}" if deployment else ""
         raise SparkbookError(f"no run folder{of} under {base}: name one (`sparkbook collect RUN`)")
-    return max(runs, key=run_time)
+    return max(found, key=run_time)
 
 
 def target(run_dir: str | Path | None, params_file: str | Path | None) -> tuple[Path, Params]:

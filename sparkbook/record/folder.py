@@ -175,7 +175,8 @@ def verdict(run_dir: str | Path, step: str) -> Verdict | None:
         return None
     v = check(name, data, VerdictShape)
     assert isinstance(v, VerdictShape)
-    return Verdict(v.title, [Check(**c.model_dump()) for c in v.checks], [(k, x) for k, x in v.key_numbers])
+    return Verdict(v.title, [Check(**c.model_dump()) for c in v.checks], [(k, x) for k, x in v.key_numbers],
+                   v.taken, v.holds_until, dict(v.boots))
 
 
 def verdicts(run_dir: str | Path) -> list[tuple[str, Verdict | Unreadable]]:

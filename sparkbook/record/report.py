@@ -11,6 +11,7 @@ of ``[x](javascript:...)``."""
 from __future__ import annotations
 
 import html
+from datetime import datetime, timezone
 from pathlib import Path
 
 import nbformat
@@ -20,7 +21,7 @@ from nbconvert.preprocessors import TagRemovePreprocessor
 from ..book.errors import SparkbookError
 from ..book.redact import mask
 from ..book.verdict import Verdict, cell_html, is_node, nodes_label
-from . import folder as runfolder, sanitize
+from . import expiry, folder as runfolder, sanitize
 from .folder import RunFolder
 
 TEMPLATE = Path(__file__).parent / "templates" / "report" / "sparkbook_report.html.j2"
@@ -61,21 +62,27 @@ def _without_widgets(cell: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return cell
 
 
-def _index(summary: dict) -> str:
+def _index(summary: dict, verdicts: list[tuple[str, Verdict]], now: datetime) -> str:
+    taken = {step: v for step, v in verdicts}
     rows = []
     for s in summary["steps"]:
         # masked before the cut: a secret cut short is no longer whole, nor followed by an ellipsis
         err = html.escape(mask(s["error"]).splitlines()[0][:160]) if s.get("error") else ""
+        v = taken.get(s["name"])
+        until = expiry.when(v.holds_until) if v else None
+        when = (expiry.taken_text(v, now) + (f", holds until {until:%Y-%m-%d %H:%M UTC}" if until else "")
+                if v else "")
         rows.append(f"<tr><td><a href='#step-{_e(s['step'])}'>{_e(s['name'])}</a></td>"
                     f"<td class='sparkbook-status-{_e(s['status'])}'><b>{_e(s['status'])}</b></td>"
-                    f"<td>{s['duration_s']:.1f} s</td><td>{err}</td></tr>")
+                    f"<td>{s['duration_s']:.1f} s</td><td>{_e(when)}</td><td>{err}</td></tr>")
     status = summary.get("status") or "unknown"
     return (f"<h1>sparkbook run: {_e(summary.get('deployment') or '?')}</h1>"
             f"<p>Overall: <b class='sparkbook-status-{_e(status)}'>{_e(status.upper())}</b> · "
             f"started {_e(summary.get('started') or '?')} · finished {_e(summary.get('finished') or '—')}<br>"
             f"parameters: <code>{_e(summary.get('params') or '?')}</code></p>"
-            "<table class='sparkbook-summary'><thead><tr><th>step</th><th>status</th>"
-            f"<th>duration</th><th>error</th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
+            "<table class='sparkbook-summary'><thead><tr><th>step</th><th>status</th><th>duration</th>"
+            f"<th>verdict taken (age as of {now:%Y-%m-%d %H:%M UTC})</th><th>error</th></tr></thead>"
+            f"<tbody>{''.join(rows)}</tbody></table>")
 
 
 def _unreadable(found: dict[str, str]) -> str:
@@ -163,11 +170,11 @@ def merged(run_dir: str | Path) -> tuple[nbformat.NotebookNode, dict]:
     if summary is None:
         raise SparkbookError(f"{run_dir}: not a run folder (no summary.json)")
     nb = nbformat.v4.new_notebook()
-    nb.cells.append(_html(_index(summary)))
+    verdicts = folder.verdicts()
+    nb.cells.append(_html(_index(summary, verdicts, datetime.now(timezone.utc))))
     found = folder.fingerprint()
     if found:
         nb.cells.append(_html("<h3>What ran</h3>" + found.html()))
-    verdicts = folder.verdicts()
     nodes = by_node(verdicts, summary)
     if nodes:
         nb.cells.append(_html("<h3>By node</h3>" + nodes))

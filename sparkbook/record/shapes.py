@@ -99,6 +99,9 @@ class VerdictShape(Shape):
     title: str = ""
     checks: list[CheckShape] = []
     key_numbers: list[Annotated[list[str], Field(min_length=2, max_length=2)]] = []
+    taken: str = ""  # ISO 8601; "" in verdicts written before sparkbook kept it
+    holds_until: str = ""
+    boots: dict[str, str] = {}
 
 
 class BusbwRow(Shape):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The facts of this node, for sparkbook's inventory (00) and preflight (01): "key=value" lines in a
-# section "@@ facts" (host, OS, kernel, BIOS, the SSH user with its UID and GID, CPUs, memory, free
+# section "@@ facts" (host, OS, kernel, boot ID, BIOS, the SSH user with its UID and GID, CPUs, memory, free
 # disk, Docker), then the GPUs as
 # nvidia-smi CSV with its header in a section "@@ gpu" (or "nvidia-smi absent|failed: ...").
 # Usage: inventory.sh MODEL_DIR [DOCKER_ROOT]
@@ -26,6 +26,7 @@ echo "hostname=$(hostname)"
   echo "os=${PRETTY_NAME:-unknown}"
 )
 echo "kernel=$(uname -r)"
+echo "boot_id=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || true)"
 echo "arch=$(uname -m)"
 echo "bios=$(cat /sys/class/dmi/id/bios_version 2>/dev/null || true)"
 echo "user=$(id -un)"
