@@ -18,6 +18,7 @@
 # | 06 | [06_smoke_test](06_smoke_test.ipynb) | the endpoint through the OpenAI client, a burn-in and known answers |
 # | 07 | [07_benchmark](07_benchmark.ipynb) | throughput and latency at several depths and concurrencies |
 # | 08 | [08_teardown](08_teardown.ipynb) | logs kept, then every sparkbook container removed |
+# | day two | [day_two](day_two.ipynb) | after 06 passed: the deployment kept serving as a service across crashes and reboots |
 #
 # **How to run them.** In order, 00 to 08; any step can be run again. Three ways:
 #

@@ -175,6 +175,19 @@ def cmd_fabric(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_service(args: argparse.Namespace) -> int:
+    from .book.errors import CheckFailed
+    from .steps import day_two
+    try:
+        out, verdict = day_two.service_step(_params(args), args.service_command, run=args.run)
+        print(day_two.table(out).to_text())
+        day_two.conclude(verdict)
+    except CheckFailed as e:
+        print(e)
+        return 1
+    return 0
+
+
 def cmd_lab(args: argparse.Namespace) -> int:
     from .book.tables import Table
     from .lab import Lab, faults
@@ -320,6 +333,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--deadline", type=int, default=90, help="apply: seconds the guard waits for the "
                    "confirmation before it restores (default: %(default)s)")
     p.set_defaults(func=cmd_fabric)
+
+    p = sub.add_parser("service", help="keep a deployment that passed 05 and 06 serving across crashes and reboots",
+                       description="install: from the newest run of the deployment whose 05 and 06 passed (or "
+                       "--run), every serving node's Ray container again, on the image pinned by ID, under "
+                       "Docker's restart policy, with a supervisor that orders the start (the head's Ray, the "
+                       "workers, then vllm serve) and restarts vllm serve when it ends; waits until vLLM answers. "
+                       "status: the service containers and vLLM's API. remove: this user's service containers "
+                       "of the deployment, nothing else. Exit code 1 on any problem.")
+    p.add_argument("service_command", choices=("install", "status", "remove"))
+    _params_arg(p)
+    p.add_argument("--run", metavar="DIR", help="install: the run folder whose 05 and 06 passed (default: the newest)")
+    p.set_defaults(func=cmd_service)
 
     p = sub.add_parser("diagnose", help="name known failures in log files; exit 1 when one is found",
                        description="Read vLLM, NCCL, Ray, torch or Docker logs (files, or - for "

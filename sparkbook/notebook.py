@@ -31,6 +31,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Mapping, MutableMapping
 
+from .book.errors import CheckFailed
 from .book.project import project_root
 from .book.redact import mask
 from .book.step import Outcome, Step
@@ -39,6 +40,16 @@ from .nodes import lock
 from .nodes.remote import Cluster
 from .params import FIELDS, Params, default_params_file, read, validate
 from .version import __version__
+
+
+def conclude(verdict: Verdict, say=print) -> Verdict:
+    """Show a verdict made outside a step's context (day one, day two); a failure fails the cell
+    (papermill's exit code), naming each row."""
+    say(verdict.to_text())
+    if verdict.failures:
+        raise CheckFailed("\n".join(f"FAIL {c.check} on {c.node}: {c.observed}\n  remedy: {c.remedy}"
+                                    for c in verdict.failures))
+    return verdict
 
 
 def open_cluster(params: Params) -> Cluster:

@@ -58,6 +58,8 @@ FABRIC, COLLECTIVES = "tests/test_fabric_field.py::", "tests/test_collectives.py
 NCCL, DISTRIBUTE = "tests/test_collectives_field.py::", "tests/test_distribute.py::"
 SERVING, SMOKE, BENCH = "tests/test_serving.py::", "tests/test_smoke.py::", "tests/test_bench.py::"
 EXPIRY = "tests/test_expiry.py::"
+SERVICE_CHECKS = ("tests/test_service.py::test_the_checks_fail_by_node_for_a_missing_stopped_or_unpinned_container"
+                  "_and_an_endpoint_down")
 EVERY_PREFLIGHT_ROW = REMEDIES + "test_every_failing_preflight_row_renders_its_remedy"  # every fact broken
 SPARK_REPORT = PREFLIGHT + "test_a_spark_report_and_its_checks"  # a real Spark's report, the worker down
 LAB_FAULT = PREFLIGHT + "test_fault_fails_the_right_check_on_the_right_node"  # lab: one planted fault each
@@ -234,6 +236,11 @@ ROWS: dict[str, Entry] = {
                      EXPIRY + "test_no_preflight_warns_and_asks_no_node"),
     "booted since": Tests(EXPIRY + "test_a_node_booted_since_fails_by_name_and_one_that_does_not_answer_warns",
                           EXPIRY + "test_an_older_verdict_without_boot_ids_warns_for_each_node"),
+
+    # ------------------------------------------------------------------------- day two: the service
+    "service": Tests(SERVICE_CHECKS),
+    "service endpoint": Tests(SERVICE_CHECKS),
+    "service removed": Tests(SERVICE_CHECKS),
 
     # ------------------------------------------------------------------------- 08 teardown ("reachable": 00)
     "containers removed": Tests(REMEDIES + "test_teardown_failures_render"),

@@ -41,7 +41,7 @@ def quad_runs(lab, tmp_path_factory):
         data["serving"].update(nodes=["spark-1", "spark-3"], pipeline_parallel_size=1)
         subset_file = out.parent / "quad-subset.yaml"
         subset_file.write_text(yaml.safe_dump(data))
-        subset = tmp_path_factory.mktemp("quad-subset")
+        subset = tmp_path_factory.mktemp("quad-subset") / "run"  # beside no other run: 05's gate reads those
         served = run(subset_file, steps="04,05", out=subset, report=False)
         # one chat request through the two stages' all-reduce between spark-1 and spark-3 (06's
         # checks are the whole runbook's above; here the layout is what is new)

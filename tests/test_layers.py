@@ -173,7 +173,7 @@ def test_the_layer_rules_see_a_climbing_import():
 # them; everything else reads the plan.
 BUILDERS = {"container_name", "ray_container", "serving_container", "container_command", "ray_serve_command",
             "fingerprint", "serve_args", "ray_args", "watched_nodes", "groups", "held_secrets", "mounts",
-            "container_env", "serve_env"}
+            "container_env", "serve_env", "service_command", "service_secrets", "service_env"}
 PLANNERS = {"sparkbook.serving.commands", "sparkbook.serving.plan", "sparkbook.serving.vllm"}
 
 

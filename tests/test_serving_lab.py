@@ -291,12 +291,15 @@ def test_inspection_of_an_image_whose_engine_needs_a_gpu_reads_what_it_can_and_f
 
 def test_mp_tp2_serves_keeps_then_a_newer_image_is_not_kept_and_teardown_leaves_nothing(lab, mp_file, cluster, tmp_path):
     params = load(mp_file)
-    summary = run(mp_file, steps="03,04,05", out=tmp_path, report=False)
+    # its run folders in a folder of their own: 05's gate reads the 01s beside its run folder, and
+    # other tests' run folders, from a lab since rebooted or rebuilt, are not this deployment's past
+    first = tmp_path / "first"
+    summary = run(mp_file, steps="03,04,05", out=first, report=False)
     assert summary["status"] == "passed", summary
-    ray = json.loads((tmp_path / "verdicts" / "04_ray_cluster.json").read_text())
+    ray = json.loads((first / "verdicts" / "04_ray_cluster.json").read_text())
     assert {(c["check"], c["node"]) for c in ray["checks"] if c["status"] == "PASS"} >= {
         ("in the Ray cluster", "spark-1"), ("in the Ray cluster", "spark-2")}
-    assert json.loads((tmp_path / "serving.json").read_text())["action"] in ("started", "restarted")
+    assert json.loads((first / "serving.json").read_text())["action"] in ("started", "restarted")
     t0 = time.monotonic()
     chat = _post(f"{params.endpoint}/v1/chat/completions", {
         "model": params.model.path, "max_tokens": 16, "messages": [{"role": "user", "content": "Hi"}],
@@ -323,13 +326,13 @@ def test_mp_tp2_serves_keeps_then_a_newer_image_is_not_kept_and_teardown_leaves_
         assert run(mp_file, steps="03", out=tmp_path / "newer", report=False)["status"] == "passed"
         assert deploy.what_runs(params, cluster, node_states(params, cluster),
                                 plan(params).serve_fingerprints()) == (True, False)
-        assert run(mp_file, steps="08", out=tmp_path, report=False)["status"] == "passed"
+        assert run(mp_file, steps="08", out=first, report=False)["status"] == "passed"
     finally:
         for node in lab.nodes():
             docker(node, "tag", "sbk-test-keep:latest", image)
             docker(node, "rmi", "sbk-test-keep:latest", check=False)
             docker(node, "image", "prune", "-f", check=False)
-    assert (tmp_path / "logs" / "spark-2" / "sparkbook-lab-vllm.log").stat().st_size > 0
+    assert (first / "logs" / "spark-2" / "sparkbook-lab-vllm.log").stat().st_size > 0
     nothing_left(params, cluster)
 
 

@@ -21,7 +21,7 @@ import socket
 from ..book.redact import mask
 from ..nodes import workdir
 from ..nodes.remote import ssh_target
-from ..nodes.shell import command_line
+from ..nodes.shell import command_line, script
 from ..params import Node, Params, secrets_written
 from . import vllm as engine
 from .containers import docker_run, fabric_env, hf_env, named
@@ -217,6 +217,49 @@ def groups(nodes: list[Node], ray: bool) -> list[list[Node]]:
     head = [n for n in nodes if n.role == "head"]
     workers = [n for n in nodes if n.role != "head"]
     return [g for g in ([head, workers] if ray else [workers, head]) if g]
+
+
+# A service container (`sparkbook service install`) carries this label, valued with the image ID
+# it pins; Docker's restart policy brings it back after a crash and at every start of dockerd.
+SERVICE = "sparkbook.service"
+SERVICE_OPTIONS = ["--restart", "unless-stopped", "--log-driver", "local",  # logs kept: 5 files of 100 MB
+                   "--log-opt", "max-size=100m", "--log-opt", "max-file=5"]
+
+
+def service_env(params: Params, node: Node) -> dict[str, str]:
+    """What the service supervisor (``scripts/service.sh``) reads: its role, Ray's start and the
+    head's Ray address, and on the head vllm serve's command, the number of nodes to wait for and
+    vllm serve's fingerprint (read back as 05's, so 05 keeps a service it would have started)."""
+    head = params.head
+    env = {"SPARKBOOK_SERVICE_ROLE": "head" if node.name == head.name else "worker",
+           "SPARKBOOK_SERVICE_RAY": command_line(ray_args(params, node)),
+           "SPARKBOOK_SERVICE_HEAD": f"{head.fabric_address}:{params.ports.ray}"}
+    if node.name == head.name:
+        env.update({"SPARKBOOK_SERVICE_SERVE": command_line(serve_args(params, head)),
+                    "SPARKBOOK_SERVICE_NODES": str(len(params.serving_nodes)),
+                    SERVE_FP: fingerprint(params, head, False)})
+    return env
+
+
+def service_command(params: Params, node: Node, image_id: str) -> list[str]:
+    """The ``docker run`` of ``node``'s service container: 04's Ray container (its name, its
+    environment, its fingerprint label) on the image pinned by ID, restarted unless stopped, with
+    the supervisor as its program. Only the model (and the Hugging Face cache) are mounted: the
+    working folder lives in /tmp, which a boot may empty. Its secrets come from the secrets file
+    (:func:`service_secrets`), written for the start."""
+    supervisor = script("service.sh")
+    labels = {FINGERPRINT: fingerprint(params, node, True), SERVICE: image_id}
+    env = {**serve_env(params, node), **RAY_AUTH, **service_env(params, node)}
+    kept = [m for m in mounts(params, node) if not m.startswith(workdir.logs(params, node) + ":")]
+    return docker_run(params, node, ray_container(params), ["bash", "-c", supervisor.text, supervisor.name],
+                      env=env, mounts=kept, labels=labels, env_file=workdir.secrets_path(params, node),
+                      image=image_id, options=SERVICE_OPTIONS)
+
+
+def service_secrets(params: Params, node: Node, ray_token: str) -> dict[str, str]:
+    """What ``node``'s service container holds as secrets: Ray's token, and on the head also vllm
+    serve's (the API key): one container runs both."""
+    return {**secrets(params, True, ray_token), **(secrets(params, False) if node.name == params.head.name else {})}
 
 
 def shown(cmd: list[str] | str) -> str:

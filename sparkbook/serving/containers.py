@@ -73,14 +73,16 @@ def named(params: Params, role: str) -> str:
 def docker_run(params: Params, node: Node, name: str, command: Sequence[str], *,
                env: Mapping[str, str] | None = None, mounts: Sequence[str] = (),
                detach: bool = True, labels: Mapping[str, str] | None = None,
-               env_file: str | None = None, remove: bool = False) -> list[str]:
+               env_file: str | None = None, remove: bool = False, image: str | None = None,
+               options: Sequence[str] = ()) -> list[str]:
     """``docker run`` for a sparkbook container on ``node`` (an argument list, quoted by the remote
-    layer). Secrets go in ``env_file`` (a file on the node), never in the arguments."""
+    layer). Secrets go in ``env_file`` (a file on the node), never in the arguments. ``image``: in
+    place of ``runtime.image`` (an image ID that pins it); ``options``: more of ``docker run``'s."""
     rt = params.runtime
     args = ["docker", "run", *(["-d"] if detach else []), *(["--rm"] if remove else []),
             "--name", name, "--label", deployment_label(params), "--label", owner_label(node),
             *[a for k, v in (labels or {}).items() for a in ("--label", f"{k}={v}")],
-            "--network", "host", "--ipc", "host", "--shm-size", rt.shm_size, *rt.docker_args]
+            "--network", "host", "--ipc", "host", "--shm-size", rt.shm_size, *options, *rt.docker_args]
     if rt.gpus:
         args += ["--gpus", "all"]
     if rt.privileged:
@@ -93,7 +95,7 @@ def docker_run(params: Params, node: Node, name: str, command: Sequence[str], *,
         args += ["-e", f"{k}={v}"]
     if env_file:
         args += ["--env-file", env_file]
-    return args + with_entrypoint(rt.entrypoint, rt.image, command)
+    return args + with_entrypoint(rt.entrypoint, image or rt.image, command)
 
 
 def with_entrypoint(entrypoint: str | None, image: str | None, command: Sequence[str]) -> list[str]:

@@ -32,7 +32,7 @@ from .logs import Diagnosis, collect_logs, diagnose
 from .plan import plan
 from .ray import ray_nodes
 from .startup import ORDER, Stall, StallWatch, read_progress
-from .state import NodeState, node_states, port_conflicts, remove, require_image, start
+from .state import NodeState, node_states, port_conflicts, refuse_over_service, remove, require_image, start
 from .vllm import ENGINE_PATTERN, HEALTH, SERVE_PATTERN
 
 
@@ -91,6 +91,7 @@ def serve(params: Params, cluster: Cluster, run_dir: Path, say: Callable[[str], 
     require_image(params, states)  # before a running deployment is replaced
     dep.action = "restarted" if running else "started"
     if running:
+        refuse_over_service(params, cluster, "05")
         say("replacing the running deployment (parameters changed or it is not healthy); its logs go "
             "to the run folder first")
         collect_logs(params, cluster, run_dir, [plan(params).serving_container], tag="previous")

@@ -99,6 +99,16 @@ def _node(params: Params, node: Node) -> NodePlan:
                     c.held_secrets(params, node), c.fingerprint(params, node, False))
 
 
+def service_command(params: Params, node: Node, image_id: str) -> list[str]:
+    """``node``'s service container (``sparkbook service install``), on the image ``image_id``."""
+    return c.service_command(params, node, image_id)
+
+
+def service_secrets(params: Params, node: Node, ray_token: str) -> dict[str, str]:
+    """What ``node``'s service container's secrets file holds."""
+    return c.service_secrets(params, node, ray_token)
+
+
 def commands_table(params: Params, ray_only: bool = False) -> Table:
     """The exact commands, node by node, for a person to rerun by hand (secrets masked)."""
     p, rows = plan(params), []

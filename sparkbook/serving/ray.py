@@ -20,7 +20,7 @@ from ..params import Params
 from .plan import plan
 from .listeners import Listener, read_listeners
 from .logs import collect_logs
-from .state import node_states, remove, require_image, start
+from .state import node_states, refuse_over_service, remove, require_image, start
 
 
 class RayNode(TypedDict):
@@ -94,6 +94,8 @@ def form_ray_cluster(params: Params, cluster: Cluster, run_dir: Path | None = No
             "remove the Ray container of the nodes outside serving.nodes", "08_teardown.ipynb removes it")
     running = all(current[n.name].current(name, p.nodes[n.name].ray.fingerprint) for n in params.serving_nodes)
     rc = ray_nodes(params, cluster) if running else RayCluster(missing=[n.name for n in params.serving_nodes])
+    if rc.missing or params.serving.executor != "ray":  # it would be replaced, or stopped
+        refuse_over_service(params, cluster, "04")
     if not rc.missing:
         say("the Ray cluster is already up with every node and matches the parameters: kept")
     else:

@@ -17,8 +17,8 @@ from ..nodes import workdir
 from ..nodes.remote import Cluster
 from ..nodes.shell import Script, command_line, script
 from ..params import Node, Params
-from .commands import FINGERPRINT, secrets
-from .containers import deployment_label, owner_label, secrets_file
+from .commands import FINGERPRINT, SERVICE, secrets
+from .containers import OWNER, deployment_label, owner_label, secrets_file
 from .plan import plan
 
 
@@ -64,6 +64,58 @@ def parse_state(text: str) -> NodeState:
     st.image = ImageIdentity.of(parse(sec.get("image", "")))
     st.listeners = sec.get("listeners", "").splitlines()
     return st
+
+
+@dataclass
+class NodeService:
+    """One node's service container, as Docker reports it."""
+    name: str = ""
+    state: str = ""           # running, restarting, exited... ("" when there is none)
+    restarts: int = 0         # Docker's restart count
+    started: str = ""         # when it last started
+    image: str = ""           # the image ID it runs
+    pinned: str = ""          # the image ID its label pins
+    owner: str = ""
+    engine_starts: int = 0    # the head: how often its supervisor started vllm serve
+    error: str = ""           # the node could not be read
+
+
+def parse_service_state(text: str) -> list[NodeService]:
+    """``service_state.sh``'s lines."""
+    out = []
+    for line in text.splitlines():
+        cols = line.split("\t")
+        if len(cols) == 8:
+            out.append(NodeService(cols[0], cols[1], int(cols[2] or 0), cols[3], cols[4], cols[5], cols[6],
+                                   int(cols[7] or 0)))
+    return out
+
+
+def service_states(params: Params, cluster: Cluster) -> dict[str, NodeService]:
+    """Every serving node's service container (``sparkbook service install``; an empty NodeService
+    where it has none)."""
+    out = {}
+    got = cluster.run(script("service_state.sh", deployment_label(params), SERVICE, OWNER), params.serving_nodes,
+                      timeout=60)
+    for node in params.serving_nodes:
+        r = got[node.name]
+        if not r.ok:
+            out[node.name] = NodeService(error=r.summary())
+            continue
+        found = parse_service_state(r.stdout)
+        out[node.name] = found[0] if found else NodeService()
+    return out
+
+
+def refuse_over_service(params: Params, cluster: Cluster, step: str) -> None:
+    """``step`` is about to replace the deployment's containers: refused while a service of it is
+    installed (its supervisor would start its own vllm serve again beside the new one, or the
+    replaced Ray containers would end the service without a word)."""
+    on = [n for n, s in service_states(params, cluster).items() if s.name]
+    if on:
+        raise CheckFailed(f"{step} would replace the containers of deployment {params.name}, kept as a service on "
+                          f"{', '.join(on)} (`sparkbook service install`): remove the service first (`sparkbook "
+                          "service remove -p FILE`), then run the steps, and install it again once 05 and 06 pass")
 
 
 def start(params: Params, cluster: Cluster, nodes: list[Node], ray: bool,

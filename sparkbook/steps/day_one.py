@@ -11,7 +11,7 @@ from typing import Iterable
 
 from ..book.errors import CheckFailed, SparkbookError
 from ..book.verdict import Verdict
-from ..notebook import open_cluster
+from ..notebook import conclude, open_cluster  # noqa: F401  (conclude: the notebook's and the CLI's)
 from ..params import load
 from ..setup import discover as nodes
 from ..setup import draft, fabric, mesh
@@ -76,12 +76,3 @@ def fabric_step(params_file: str | Path, command: str = "plan", deadline_s: int 
     if all(c.status == "PASS" for c in rows):
         rows += fabric.checks(mesh.apply(params, cluster), "ssh mesh")
     return Verdict(f"fabric {command}", rows)
-
-
-def conclude(verdict: Verdict, say=print) -> Verdict:
-    """Show the verdict; a failure fails the cell (papermill's exit code), naming each row."""
-    say(verdict.to_text())
-    if verdict.failures:
-        raise CheckFailed("\n".join(f"FAIL {c.check} on {c.node}: {c.observed}\n  remedy: {c.remedy}"
-                                    for c in verdict.failures))
-    return verdict
