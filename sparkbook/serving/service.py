@@ -32,7 +32,7 @@ from ..book import redact
 from ..book.errors import CheckFailed
 from ..book.progress import Progress
 from ..book.step import Outcome
-from ..book.verdict import FAIL, PASS, WARN, Check
+from ..book.verdict import FAIL, PASS, Check
 from ..nodes import workdir
 from ..nodes.remote import Cluster
 from ..nodes.shell import command_line
@@ -176,6 +176,4 @@ def checks(params: Params, out: Service) -> list[Check]:
                           f"{params.endpoint} answers with a model",
                           "" if out.ready else f"`docker logs {name}` on {params.head.name}: the lines of "
                           "sparkbook-service say what it waits for"))
-    if out.action == "status" and not out.nodes:
-        rows.append(Check("service", "all", WARN, "no serving node", "the serving nodes"))
     return rows
