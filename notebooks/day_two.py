@@ -12,13 +12,23 @@
 # whether vLLM answers; `remove` takes away this user's service containers of the deployment and
 # nothing else. 08 removes them too.
 #
-# The same as `sparkbook service install|status|remove -p FILE`.
+# `upgrade` moves the service to the candidate `image` only through a gate: every node keeps the
+# image that serves now (`REPO:sparkbook-previous`), the candidate goes under the parameters' tag
+# and through 03-07 in a run folder of its own, and is held against the run the service came from:
+# no failed step, the same known answers (each difference named), single-user decode and peak
+# output throughput at least `min_ratio` of the baseline's. It passes: the service runs the
+# candidate. It fails: the tag goes back to the previous image on every node, the service is
+# installed again from its run, and 06 verifies it; the verdict says why.
+#
+# The same as `sparkbook service install|status|remove|upgrade -p FILE`.
 
 # %% tags=["parameters"]
 # Parameters: params_file None uses $SPARKBOOK_PARAMS or parameters/lab.yaml.
 params_file = None
-command = "status"  # install, status or remove
-run = None  # install: the run folder whose 05 and 06 passed (default: the deployment's newest)
+command = "status"  # install, status, remove or upgrade
+run = None  # install, upgrade: the run folder whose 05 and 06 passed (default: the deployment's newest)
+image = None  # upgrade: the candidate image, present on the head
+min_ratio = 0.9  # upgrade: the candidate's single-user decode and peak throughput, at least this of the baseline's
 
 # %% tags=["hide-input"]
 from sparkbook.params import default_params_file
@@ -33,7 +43,8 @@ from sparkbook.steps import day_two as step
 # restarted it, how often the supervisor started `vllm serve` (the head), and the image it pins.
 
 # %%
-service, verdict = step.service_step(params_file or default_params_file(), command, run=run)
+service, verdict = step.service_step(params_file or default_params_file(), command, run=run, image=image,
+                                     min_ratio=min_ratio)
 step.table(service)
 
 # %% [markdown]

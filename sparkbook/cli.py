@@ -179,7 +179,8 @@ def cmd_service(args: argparse.Namespace) -> int:
     from .book.errors import CheckFailed
     from .steps import day_two
     try:
-        out, verdict = day_two.service_step(_params(args), args.service_command, run=args.run)
+        out, verdict = day_two.service_step(_params(args), args.service_command, run=args.run,
+                                            outputs=args.outputs, image=args.image, min_ratio=args.min_ratio)
         print(day_two.table(out).to_text())
         day_two.conclude(verdict)
     except CheckFailed as e:
@@ -193,7 +194,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
     from .lab import Lab, faults
     lab = Lab()
     if args.lab_command == "up":
-        path = lab.up(args.nodes, unwired=args.unwired)
+        path = lab.up(args.nodes, unwired=args.unwired, vllm=args.vllm)
         print(f"parameters: {path}")
     elif args.lab_command == "reboot":
         from .lab.power import reboot
@@ -206,11 +207,14 @@ def cmd_lab(args: argparse.Namespace) -> int:
         print(Table.from_dicts(rows, title="lab").to_text() if rows else "lab: not up")
     elif args.lab_command == "image":
         from .lab import lab_params
-        from .lab.image import build, ensure
-        image = lab_params()["runtime"]["image"]
-        if args.force:
-            build(image, force=True)
-        print(f"model: {ensure(image)}")
+        from .lab.image import build, ensure, stack
+        image, st = lab_params()["runtime"]["image"], stack(args.vllm)
+        if args.tag:  # another image beside the lab's: its model is the lab's own
+            print(f"image: {args.tag} ({build(args.tag, force=args.force, st=st)})")
+        else:
+            if args.force:
+                build(image, force=True, st=st)
+            print(f"model: {ensure(image, st=st)}")
     elif args.lab_command == "fault":
         rec = faults.apply(lab, args.kind, args.node, port=args.port, rate=args.rate)
         print(f"lab: fault {rec['kind']} on {rec['node']}: applied")
@@ -340,10 +344,20 @@ def parser() -> argparse.ArgumentParser:
                        "Docker's restart policy, with a supervisor that orders the start (the head's Ray, the "
                        "workers, then vllm serve) and restarts vllm serve when it ends; waits until vLLM answers. "
                        "status: the service containers and vLLM's API. remove: this user's service containers "
-                       "of the deployment, nothing else. Exit code 1 on any problem.")
-    p.add_argument("service_command", choices=("install", "status", "remove"))
+                       "of the deployment, nothing else. upgrade: the candidate image (--image, on the head) "
+                       "through 03-07 and a gate against the service's run (no failed step, the same known "
+                       "answers, single-user decode and peak throughput at least --min-ratio of the baseline's); "
+                       "promoted when it passes, else rolled back to the previous image, which every node keeps. "
+                       "Exit code 1 on any problem.")
+    p.add_argument("service_command", choices=("install", "status", "remove", "upgrade"))
     _params_arg(p)
-    p.add_argument("--run", metavar="DIR", help="install: the run folder whose 05 and 06 passed (default: the newest)")
+    p.add_argument("--run", metavar="DIR", help="install, upgrade: the run folder whose 05 and 06 passed "
+                   "(default: the newest)")
+    p.add_argument("--outputs", metavar="DIR", help="the folder of the deployment's run folders (default: outputs/); "
+                   "an upgrade's runs go there too")
+    p.add_argument("--image", metavar="REF", help="upgrade: the candidate image, present on the head")
+    p.add_argument("--min-ratio", type=float, default=0.9, help="upgrade: the candidate's single-user decode and "
+                   "peak throughput, at least this of the baseline's (default: %(default)s)")
     p.set_defaults(func=cmd_service)
 
     p = sub.add_parser("diagnose", help="name known failures in log files; exit 1 when one is found",
@@ -360,6 +374,8 @@ def parser() -> argparse.ArgumentParser:
                    "nccl-tests tables (default: the DGX Spark pair's, built in)")
     p.set_defaults(func=cmd_diagnose)
 
+    from .lab.image import STACKS
+
     p = sub.add_parser("lab", help="the local lab of simulated DGX Spark nodes",
                        description="Build, inspect, break and remove the local lab: N simulated DGX "
                        "Spark nodes on this machine (network namespaces with their own sshd and "
@@ -369,6 +385,8 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument("--nodes", type=int, default=2, help="number of nodes (default: 2)")
     q.add_argument("--unwired", action="store_true", help="fabric links cabled but without addresses, "
                    "at MTU 1500, nothing persisting them: a node fresh from the box (day one)")
+    q.add_argument("--vllm", metavar="VERSION", help=f"the lab image's vLLM for CPU: {', '.join(STACKS)} "
+                   "(default: the first), each with the Ray of its day")
     q = lsub.add_parser("reboot", help="restart nodes as machines restart: processes and runtime "
                         "state gone, only what is persisted (netplan files, disk) comes back")
     q.add_argument("nodes", nargs="+", metavar="NODE", help="e.g. spark-1")
@@ -376,6 +394,9 @@ def parser() -> argparse.ArgumentParser:
     lsub.add_parser("status", help="each node's state")
     q = lsub.add_parser("image", help="build the lab's serving image and model (cached)")
     q.add_argument("--force", action="store_true", help="rebuild even when the inputs did not change")
+    q.add_argument("--vllm", metavar="VERSION", help=f"its vLLM for CPU: {', '.join(STACKS)} (default: the first)")
+    q.add_argument("--tag", metavar="REF", help="tag it REF instead of the lab's serving tag, which the running "
+                   "lab keeps (e.g. an upgrade's candidate); no model is made")
     q = lsub.add_parser("fault", help="apply a reversible fault")
     q.add_argument("kind", choices=FAULTS)
     q.add_argument("--node", help="node to break (default: the first worker; the head for port-busy)")

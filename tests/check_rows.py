@@ -58,6 +58,7 @@ FABRIC, COLLECTIVES = "tests/test_fabric_field.py::", "tests/test_collectives.py
 NCCL, DISTRIBUTE = "tests/test_collectives_field.py::", "tests/test_distribute.py::"
 SERVING, SMOKE, BENCH = "tests/test_serving.py::", "tests/test_smoke.py::", "tests/test_bench.py::"
 EXPIRY = "tests/test_expiry.py::"
+UPGRADE = "tests/test_upgrade.py::"
 SERVICE_CHECKS = ("tests/test_service.py::test_the_checks_fail_by_node_for_a_missing_stopped_or_unpinned_container"
                   "_and_an_endpoint_down")
 EVERY_PREFLIGHT_ROW = REMEDIES + "test_every_failing_preflight_row_renders_its_remedy"  # every fact broken
@@ -241,6 +242,11 @@ ROWS: dict[str, Entry] = {
     "service": Tests(SERVICE_CHECKS),
     "service endpoint": Tests(SERVICE_CHECKS),
     "service removed": Tests(SERVICE_CHECKS),
+    "upgrade steps": Tests(UPGRADE + "test_a_failed_step_another_answer_or_a_slower_candidate_fails_the_gate_by_name"),
+    "upgrade known answers": Tests(UPGRADE + "test_a_failed_step_another_answer_or_a_slower_candidate_fails_the_gate_by_name"),
+    "upgrade *": Tests(UPGRADE + "test_a_failed_step_another_answer_or_a_slower_candidate_fails_the_gate_by_name",
+                       UPGRADE + "test_a_baseline_without_07_fails_the_numbers_it_cannot_compare"),
+    "upgrade": Tests("tests/test_upgrade_lab.py::test_a_good_candidate_is_promoted_and_a_broken_one_rolled_back_by_itself"),
 
     # ------------------------------------------------------------------------- 08 teardown ("reachable": 00)
     "containers removed": Tests(REMEDIES + "test_teardown_failures_render"),

@@ -365,20 +365,22 @@ def test_a_lab_json_of_an_older_sparkbook_is_taken_down_by_its_fixed_names():
 class CountingLab(Lab):
     """A lab whose up and down only count nodes (for ``as_found``)."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, vllm: str = "0.32.0"):
         super().__init__(Path("/nonexistent/sparkbook-lab-test"))
-        self.n, self.calls = n, []
+        self.n, self.vllm, self.calls = n, vllm, []
 
     def state(self):
-        return {"nodes": {f"spark-{i}": {} for i in range(1, self.n + 1)}, "faults": []} if self.n else None
+        return {"nodes": {f"spark-{i}": {} for i in range(1, self.n + 1)}, "faults": [],
+                "vllm": self.vllm} if self.n else None
 
     def down(self, say=print):
         self.calls.append("down")
         self.n = 0
         return []
 
-    def up(self, n=2, say=print, unwired=False):
-        self.calls.append(f"up {n}" + (" unwired" if unwired else ""))
+    def up(self, n=2, say=print, unwired=False, vllm=None):
+        self.vllm = vllm or "0.32.0"
+        self.calls.append(f"up {n}" + (" unwired" if unwired else "") + (f" vllm {vllm}" if vllm else ""))
         self.n = n
 
 
@@ -395,10 +397,18 @@ def test_a_benchmark_leaves_the_lab_as_it_found_it_even_on_ctrl_c_or_sigterm(bef
                     os.kill(os.getpid(), signal.SIGTERM)
                     time.sleep(5)  # the signal arrives before this ends
                 raise stop
-        assert lab.n == before and lab.calls[2:] == (["down", "up 2"] if before else ["down"])
+        assert lab.n == before and lab.calls[2:] == (["down", "up 2 vllm 0.32.0"] if before else ["down"])
         if stop == "SIGTERM":
             assert e.value.code == 143
     assert signal.getsignal(signal.SIGTERM) == handler
+
+
+def test_a_benchmark_that_changed_the_labs_vllm_brings_back_the_one_it_found():
+    lab = CountingLab(2, vllm="0.17.1")
+    with lab.as_found():
+        lab.down()
+        lab.up(2, vllm="0.32.0")
+    assert lab.calls[2:] == ["down", "up 2 vllm 0.17.1"] and lab.vllm == "0.17.1"
 
 
 # ------------------------------------------------------------------- a clean lab for the tests

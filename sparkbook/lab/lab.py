@@ -40,7 +40,7 @@ from ..nodes.sshd import SshServer, keygen
 from ..params import Params, validate
 from . import host
 from .host import links as _links  # by this name: tests replace it
-from .image import ensure, seed_images
+from .image import DEFAULT, ensure, seed_images, stack
 from .procs import is_init, kill_init
 from .nodes import (BASHRC, BOOT_ID, BOOT_MTU, FABRIC_MTU, FABRIC_NS, LAB_HOME, MAX_NODES, MGMT_BRIDGE, MGMT_IF, MGMT_NET,
                     NETPLAN, NICS, PREFIX, RAILS, RUN, SIMULATED_TOOLS, VARLIB, LabError, LabNode, docker, lab_nodes,
@@ -111,11 +111,13 @@ class Lab:
                 problems.append(f"{node.name}: Docker daemon does not answer")
         return problems
 
-    def up(self, n: int = 2, say=print, seed_images: bool = False, unwired: bool = False) -> Path:
+    def up(self, n: int = 2, say=print, seed_images: bool = False, unwired: bool = False,
+           vllm: str | None = None) -> Path:
         """Build the lab (idempotent); returns its parameters file. ``seed_images``: the workers
         start with the head's images (:func:`seed_images`), for tests that resize the lab.
         ``unwired``: the fabric links are cabled but carry no address and MTU 1500, and nothing
-        persists one, as on a node fresh from the box (day one: `sparkbook fabric` configures them)."""
+        persists one, as on a node fresh from the box (day one: `sparkbook fabric` configures them).
+        ``vllm``: the lab image's vLLM release (:data:`sparkbook.lab.image.STACKS`; None: the default)."""
         if os.geteuid() != 0:
             raise LabError("the lab needs root (network namespaces, sshd, dockerd)")
         if not 1 <= n <= MAX_NODES:
@@ -129,10 +131,12 @@ class Lab:
             say("lab: an earlier `lab down` did not finish; finishing it first")
             self.down(say=say)
             st = None
+        want = stack(vllm)
         if st:
-            if len(st["nodes"]) != n or st.get("unwired", False) != unwired:
-                raise LabError(f"a lab of {len(st['nodes'])} {'unwired ' if st.get('unwired') else ''}nodes is up: "
-                               "`sparkbook lab down` first")
+            had = st.get("vllm", DEFAULT.vllm)
+            if len(st["nodes"]) != n or st.get("unwired", False) != unwired or had != want.vllm:
+                raise LabError(f"a lab of {len(st['nodes'])} {'unwired ' if st.get('unwired') else ''}nodes "
+                               f"with vLLM {had} is up: `sparkbook lab down` first")
             if st["faults"]:
                 say(f"lab: {n} nodes up with faults applied "
                     f"({', '.join(f['kind'] + ' on ' + f['node'] for f in st['faults'])}); nothing "
@@ -147,8 +151,9 @@ class Lab:
         host.require_free(lab_nodes(n))
         params = validate(lab_params(n), "lab parameters")
         t0 = time.monotonic()
-        model_dir = ensure(params.runtime.image, say=say)
-        state = {"nodes": {}, "faults": [], "made": [], "image": params.runtime.image, "unwired": unwired}
+        model_dir = ensure(params.runtime.image, say=say, st=want)
+        state = {"nodes": {}, "faults": [], "made": [], "image": params.runtime.image, "unwired": unwired,
+                 "vllm": want.vllm}
         try:
             self._up(lab_nodes(n), params, model_dir, state, say, seed_images)
         except BaseException:
@@ -426,15 +431,17 @@ class Lab:
         st = self.state()
         n = len(st["nodes"]) if st and not st.get("down_failed") else 0
         unwired = bool(st and st.get("unwired"))
+        vllm = (st or {}).get("vllm", DEFAULT.vllm)
         with _sigterm_as_exit():
             try:
                 yield self
             finally:
                 now = self.state()
-                if now and (not n or len(now["nodes"]) != n or bool(now.get("unwired")) != unwired):
+                if now and (not n or len(now["nodes"]) != n or bool(now.get("unwired")) != unwired
+                            or now.get("vllm", DEFAULT.vllm) != vllm):
                     self.down(say=say)
                 if n:
-                    self.up(n, say=say, unwired=unwired)
+                    self.up(n, say=say, unwired=unwired, vllm=vllm)
 
     # ------------------------------------------------------------------------------ status
 

@@ -131,7 +131,8 @@ def history(runs: Sequence[Run]) -> list[Run]:
 
 # ---- numbers ----------------------------------------------------------------------------------
 
-def _peak(bench: Results) -> LevelResult | None:
+def peak(bench: Results) -> LevelResult | None:
+    """The concurrency level with the highest output throughput."""
     levels = [lv for lv in bench.by_concurrency() if lv.output_tok_s]
     return max(levels, key=lambda lv: lv.output_tok_s) if levels else None
 
@@ -159,7 +160,7 @@ def measured(run: Run) -> dict[str, str]:
                                  f"requests per level, depths {g.get('context_depths')}")
         if one := b.single_user():
             out["single-user decode"] = f"{one.decode_tok_s:.2f} tok/s at {one.label}"
-        if best := _peak(b):
+        if best := peak(b):
             out["peak output throughput"] = f"{best.output_tok_s:.2f} tok/s at concurrency {best.concurrency}"
         for lv in b.by_concurrency():
             out[f"c={lv.concurrency}: output tok/s · TTFT p50 / p99"] = (
@@ -355,12 +356,12 @@ def page(runs: Sequence[Run], past: Sequence[Run], out_dir: Path) -> str:
     given = {r.path for r in runs}
     rows = []
     for r in past:
-        best, peak = r.busbw, _peak(r.bench) if r.bench else None
+        best, top = r.busbw, peak(r.bench) if r.bench else None
         rows.append([_e(r.name) + (" <b>(compared)</b>" if r.path in given else ""), _e(r.started or "?"),
                      _e((r.summary or {}).get("status", "?")),
                      _e(f"{best['busbw_gbs']:.2f}") if best else ABSENT,
                      _e(f"{r.startup_s:.1f}") if r.startup_s is not None else ABSENT,
-                     _e(f"{peak.output_tok_s:.2f} at c={peak.concurrency}") if peak else ABSENT,
+                     _e(f"{top.output_tok_s:.2f} at c={top.concurrency}") if top else ABSENT,
                      f"<code>{_e(_fp_key(r))}</code>"])
     parts.append(_table(["run", "started", "status", "busbw GB/s", "start-up s", "peak output tok/s",
                          "fingerprint"], rows, "history"))

@@ -15,24 +15,36 @@ from ..params import Params, load
 from ..record import folder
 from ..record.bugreport import runs
 from ..record.expiry import when
+from ..runbook import upgrade
 from ..serving import service
+from ..serving.state import service_states
 from ..serving.plan import plan
 
 TITLE = "day two"
-COMMANDS = ("install", "status", "remove")
+COMMANDS = ("install", "status", "remove", "upgrade")
 SERVE, SMOKE = "05_serve", "06_smoke_test"
 
 
 def service_step(params_file: str | Path, command: str = "status", run: str | Path | None = None,
-                 outputs: str | Path | None = None, say=print) -> tuple[service.Service, Verdict]:
+                 outputs: str | Path | None = None, image: str | None = None, min_ratio: float = upgrade.MIN_RATIO,
+                 say=print) -> tuple[service.Service, Verdict]:
     """``install`` (from ``run``, else the newest run of the deployment in ``outputs`` whose 05 and
-    06 passed), ``status`` or ``remove``; what it found, and the verdict's rows."""
+    06 passed), ``status``, ``remove``, or ``upgrade`` to ``image`` through the gate
+    (:mod:`sparkbook.runbook.upgrade`); what it found, and the verdict's rows."""
     if command not in COMMANDS:
         raise ValueError(f"command: one of {', '.join(COMMANDS)}, not {command!r}")
     params = load(params_file)
     cluster = open_cluster(params)
+    outputs = Path(outputs) if outputs else project_root() / "outputs"
+    if command == "upgrade":
+        if not image:
+            raise CheckFailed("upgrade: name the candidate image (`--image REF`, present on the head)")
+        where, served = basis(params, outputs, run and Path(run))
+        previous = service_states(params, cluster)[params.head.name].pinned or served or ""
+        rows = upgrade.upgrade(Path(params_file), cluster, image, where, previous, outputs, min_ratio, say=say)
+        return service.status(params, cluster), Verdict("service upgrade", rows)
     if command == "install":
-        where, served = basis(params, Path(outputs) if outputs else project_root() / "outputs", run and Path(run))
+        where, served = basis(params, outputs, run and Path(run))
         out = service.install(params, cluster, where, served, say=say)
     elif command == "status":
         out = service.status(params, cluster)
