@@ -870,3 +870,17 @@ def test_the_model_reaches_every_worker_along_a_chain(lab, params, cluster):
     names = [w.name for w in params.workers]
     assert [out.synced[w].command.split(":")[0] for w in names] == ["on spark-1"] + [f"on {n}" for n in names[:-1]]
     assert all(out.after[w] == {} for w in names)
+
+
+def test_a_layer_of_8_gib_or_more_gets_a_header_tar_reads_back_in_one_block():
+    """USTAR's size field holds under 8 GiB: a layer as big as a CUDA image's venv overflowed it
+    ("overflow in number field"), and the worker got a truncated archive."""
+    sys.path.insert(0, str(Path(image.__file__).parents[1] / "scripts"))
+    try:
+        import layerstore
+    finally:
+        sys.path.pop(0)
+    for size in (1234, 8 ** 11 - 1, 9 * 2 ** 30):
+        block = layerstore.header("abc/layer.tar", size)
+        assert len(block) == 512
+        assert tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape").size == size
