@@ -187,6 +187,9 @@ ROWS: dict[str, Entry] = {
     "endpoint ready": FailsAs("serving container", "startup progress", "startup"),  # not ready: those fail
     "served model": Tests(REMEDIES + "test_serving_failures_render"),
     "vLLM's Ray workers": Tests(SERVE_OUTCOMES),
+    "configuration that ran": Tests("tests/test_ran.py::test_what_the_lab_asks_is_what_it_runs_and_a_wrapper_or_"
+                                    "another_value_fails_05",
+                                    "tests/test_ran.py::test_a_log_without_the_line_warns_on_the_head_only"),
     # the WARN of an API open beyond loopback without a key, and the FAIL of a key vLLM refused
     "API key": Tests(SERVE_OUTCOMES,
                      SERVING + "test_the_readiness_wait_sends_the_key_and_stops_at_once_when_it_is_refused"),
@@ -246,7 +249,7 @@ ROWS: dict[str, Entry] = {
     "upgrade known answers": Tests(UPGRADE + "test_a_failed_step_another_answer_or_a_slower_candidate_fails_the_gate_by_name"),
     "upgrade *": Tests(UPGRADE + "test_a_failed_step_another_answer_or_a_slower_candidate_fails_the_gate_by_name",
                        UPGRADE + "test_a_baseline_without_07_fails_the_numbers_it_cannot_compare"),
-    "upgrade": Tests("tests/test_upgrade_lab.py::test_a_good_candidate_is_promoted_and_a_broken_one_rolled_back_by_itself"),
+    "upgrade": Tests("tests/test_upgrade_lab.py::test_a_good_candidate_is_promoted_and_a_wrapped_one_rolled_back_by_itself"),
 
     # ------------------------------------------------------------------------- 08 teardown ("reachable": 00)
     "containers removed": Tests(REMEDIES + "test_teardown_failures_render"),

@@ -23,9 +23,11 @@ What decides comparability (:meth:`Fingerprint.key`, :func:`differences`):
 
 Informational only: sparkbook's version and commit (and whether its checkout was dirty), when the
 fingerprint was taken, the deployment's and nodes' names and addresses, the image's tag and registry
-digests, Python and CUDA versions, the full ``vllm serve`` command line and a hash of the whole
-parameters (without ``nodes[*].key``, so that two machines' copies of one file hash alike: it tells
-"the same file", not "comparable", since the deciding parts are above).
+digests, Python and CUDA versions, the full ``vllm serve`` command line, what vLLM logged it ran
+with on the head (05's "configuration that ran", from this run folder's serving.json; 05 fails
+where it differs from what was asked), and a hash of the whole parameters (without
+``nodes[*].key``, so that two machines' copies of one file hash alike: it tells "the same file",
+not "comparable", since the deciding parts are above).
 
 What could not be read (a node that does not answer, the image absent, the runtime's versions) is
 named in ``unread``; such a fingerprint is still written, and compares with no other (its key is
@@ -165,6 +167,9 @@ class Fingerprint:
         comparable = (f"{key}: not comparable, not read: " + "; ".join(f"{k}: {v}" for k, v in self.unread.items())
                       if self.unread else f"{key} (runs with the same key compare)")
         size = f", {m['files']} files, {human_bytes(m['bytes'])}" if m.get("files") is not None else ""
+        ran = self.serving.get("ran") or {}
+        ran_row = [("ran (vLLM's log)", f"vLLM {ran.get('version')}: " + ", ".join(
+            f"{k}={v}" for k, v in (ran.get("args") or {}).items()))] if ran else []
         rows = [("fingerprint", comparable),
                 ("sparkbook", f"{sb.get('version')}{commit}"),
                 ("image", " ".join(_short(x) for x in (img.get("name"), img.get("id"), *img.get("digests", [])) if x)),
@@ -173,6 +178,7 @@ class Fingerprint:
                           + (f" (commit {m['commit'][:12]})" if m.get("commit") else "")
                           + f", manifest {m.get('manifest')}{size}"),
                 ("vllm serve", " ".join(self.serving.get("flags", [])) or "—"),
+                *ran_row,
                 ("layout", f"TP {lay.get('tensor parallel')} × PP {lay.get('pipeline parallel')}, executor "
                            f"{lay.get('executor')}, {lay.get('serving nodes')} of {lay.get('nodes')} node(s) serving, "
                            f"{lay.get('containers')}")]
@@ -298,6 +304,7 @@ def build(params: Params, cluster: Cluster, run_dir: Path, timeout: float = TIME
     fp = Fingerprint(sparkbook=checkout(), created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                      deployment=params.name, params_hash=params_hash(params), unread=unread,
                      serving=serving(params), layout=layout(params), benchmark=benchmark(params))
+    fp.serving["ran"] = ran(params, run_dir)
     fp.image, identity, env = image(params, head.get("image identity", ""))
     fp.versions = runtime(head, identity, env, run_dir / INSPECTION)
     fp.model = model(params, head.get("model"), run_dir / "distribution.json")
@@ -388,6 +395,16 @@ def serving(params: Params) -> dict[str, Any]:
     hidden = secrets_written(params)
     return {"flags": flags, "env": {k: mask(v) for k, v in params.serving.env.items() if k not in hidden},
             "command": shown(command)}
+
+
+def ran(params: Params, run_dir: Path) -> dict[str, Any]:
+    """What vLLM logged it was started with on the head, as this run folder's 05 recorded it
+    (serving.json; none where 05 did not run here)."""
+    try:
+        recorded = json.loads((run_dir / "serving.json").read_text()).get("ran") or {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return recorded.get(params.head.name) or {}
 
 
 def layout(params: Params) -> dict[str, Any]:

@@ -186,6 +186,7 @@ class FpModel(Shape):
 class FpServing(Shape):
     flags: list[str] = []
     env: dict[str, Any] = {}
+    ran: dict[str, Any] = {}
 
 
 class FpNode(Shape):

@@ -30,6 +30,7 @@ from .containers import secrets_file
 from .listeners import Listener, read_listeners
 from .logs import Diagnosis, collect_logs, diagnose
 from .plan import plan
+from .ran import what_ran
 from .ray import ray_nodes
 from .startup import ORDER, Stall, StallWatch, read_progress
 from .state import NodeState, node_states, port_conflicts, refuse_over_service, remove, require_image, start
@@ -60,6 +61,7 @@ class Deployment(Outcome):
     listeners: dict[str, list[Listener]] = field(default_factory=dict)  # what the containers listen on
     key_refused: bool = False            # vLLM answered, but refused the request for its key (401)
     secrets: dict[str, list[str]] = field(default_factory=dict)  # secret variables the containers hold (names)
+    ran: dict[str, dict] = field(default_factory=dict)  # node -> what vLLM logged it ran with (what_ran)
 
     def key_numbers(self) -> list[tuple[str, str]]:
         took = f"ready in {self.seconds:.0f} s" if self.ready else f"not ready after {self.seconds:.0f} s"
@@ -85,6 +87,7 @@ def serve(params: Params, cluster: Cluster, run_dir: Path, say: Callable[[str], 
             dep.action, dep.ready, dep.models, dep.seen = "kept", True, health.models, "healthy, unchanged"
             record_ray_workers(params, cluster, dep)
             dep.listeners, dep.secrets = read_listeners(params, cluster)
+            dep.ran = what_ran(params, cluster)
             dep.seconds = time.monotonic() - t0
             say(f"vLLM is already serving {', '.join(health.models)} and matches the parameters: nothing changed")
             return dep
@@ -114,6 +117,7 @@ def serve(params: Params, cluster: Cluster, run_dir: Path, say: Callable[[str], 
     record_ray_workers(params, cluster, dep)
     if dep.ready:
         dep.listeners, dep.secrets = read_listeners(params, cluster)
+        dep.ran = what_ran(params, cluster)
     dep.seconds = time.monotonic() - t0
     return dep
 

@@ -81,6 +81,47 @@ PHASES: list[tuple[str, str, str]] = [
 # group that never fits, a rank that stopped), so they are no progress.
 WAITING = re.compile(r"Waiting for creating a placement group|No available shared memory broadcast block|"
                      r"[Ss]till waiting|[Ww]aiting for .* (to|be) (start|ready|join|finish)")
+# What vLLM says it was started with, once per start: the arguments that differ from its defaults
+# (vllm/entrypoints/utils.py, log_non_default_args: "non-default args: {...}", a dict's repr) and the
+# engine's configuration ("Initializing a V1 LLM engine (VERSION) with config: key=value, ..."). Seen
+# in vLLM 0.16 on DGX Sparks (../shared/field-samples/vllm-ray-head-startup-1.txt, lines 39 and 50)
+# and in vLLM 0.17.1 and 0.32 in the lab.
+ARGS_LINE = re.compile(r"non-default args: (\{.*\})\s*$")
+ENGINE_LINE = re.compile(r"Initializing a V1 LLM engine \(([^)]*)\) with config: (.*?)\s*$")
+# the engine's settings that 05 records from that line and holds to the plan's
+ENGINE_KEYS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "max_seq_len",
+               "dtype", "quantization", "kv_cache_dtype", "enforce_eager", "load_format",
+               "enable_prefix_caching", "enable_chunked_prefill", "served_model_name", "device_config")
+# the plan's value of an engine setting (a key of ENGINE_KEYS) -> the argument that sets it
+ENGINE_ARGS = {"tensor_parallel_size": "tensor_parallel_size", "pipeline_parallel_size": "pipeline_parallel_size",
+               "max_seq_len": "max_model_len"}
+
+
+def asked(args: list[str]) -> dict[str, str | bool]:
+    """``vllm serve``'s arguments by the names vLLM logs them under (argparse's): ``--max-model-len
+    2048`` is ``max_model_len: "2048"``, a flag without a value ``True``, ``--no-X`` ``X: False``;
+    the model, vllm serve's positional argument, is both ``model_tag`` and ``model``."""
+    rest = args[2:] if args[:2] == ["vllm", "serve"] else list(args)
+    out: dict[str, str | bool] = {}
+    if rest and not rest[0].startswith("-"):
+        out["model_tag"] = out["model"] = rest.pop(0)
+    i = 0
+    while i < len(rest):
+        flag, eq, val = rest[i].partition("=")
+        name = flag.lstrip("-").replace("-", "_")
+        if eq:
+            out[name] = val
+        elif i + 1 < len(rest) and not rest[i + 1].startswith("--"):
+            out[name] = rest[i + 1]
+            i += 1
+        elif name.startswith("no_"):
+            out[name[3:]] = False
+        else:
+            out[name] = True
+        i += 1
+    return out
+
+
 START_CAUSE = ("vLLM started but its log says nothing yet: the image's entrypoint or the command "
                "(serving.extra_args), or a node that cannot start Python at all")
 

@@ -19,6 +19,7 @@ from ..serving.commands import api_bind, api_key, beyond_loopback
 from ..serving.deploy import Deployment, serve, vllm_running
 from ..serving.inspection import CACHE
 from ..serving.plan import plan
+from ..serving.ran import differences
 from ..serving.state import node_states
 
 if TYPE_CHECKING:
@@ -91,6 +92,40 @@ def ray_worker_checks(params: Params, dep: Deployment) -> list[Check]:
                   list_actors)]
 
 
+def ran_checks(params: Params, dep: Deployment) -> list[Check]:
+    """What vLLM says it was started with (its start-up log) against what sparkbook asked, on
+    each node that runs vllm serve: an argument it lists that was not asked, or with another value,
+    fails before 06 verifies and 07 measures a configuration nobody chose."""
+    out = []
+    for node, ran in dep.ran.items():
+        log = f"logs/{node}/vllm-serve.log" if params.serving.executor == "ray" else \
+            f"docker logs {plan(params).serving_container}"
+        where = f"grep -a 'non-default args' in {log}"
+        if ran.get("args") is None:
+            if node == params.head.name:  # a headless worker's vLLM may log none
+                out.append(Check("configuration that ran", node, WARN, ran.get("error") or
+                                 "vLLM's log has no 'non-default args' line", "vLLM's own record of its arguments",
+                                 "what ran is not verified: an older vLLM, or its log level set above INFO",
+                                 where))
+            continue
+        diffs, defaulted = differences(plan(params).nodes[node].serve_args, ran)
+        version = f"vLLM {ran['version']}: " if ran.get("version") else ""
+        if diffs:
+            seen = "; ".join(f"{d.name}={d.ran!r}, not asked" if d.asked is None else
+                             f"{d.name}: asked {d.asked}, ran {d.ran!r}" for d in diffs)
+            out.append(Check("configuration that ran", node, FAIL, version + seen,
+                             "vllm serve's arguments as sparkbook asked them",
+                             "the image's entrypoint, a wrapper in place of vllm or a config file in the image "
+                             "changed them: put a wanted setting in serving.extra_args (then it is asked and "
+                             "recorded), else use an image that leaves vllm serve's arguments alone", where))
+            continue
+        at_default = f"; at vLLM's default: {', '.join(defaulted)}" if defaulted else ""
+        out.append(Check("configuration that ran", node, PASS,
+                         f"{version}{len(ran['args'])} non-default arguments, as asked{at_default}",
+                         "vllm serve's arguments as sparkbook asked them", "", where))
+    return out
+
+
 def checks(params: Params, outcome: Deployment) -> list[Check]:
     """The deployment answers with the expected model; otherwise what stopped it, per node."""
     dep, head, container = outcome, params.head.name, plan(params).serving_container
@@ -102,7 +137,7 @@ def checks(params: Params, outcome: Deployment) -> list[Check]:
                       f"({dep.action}, {dep.seconds:.0f} s)", f"{engine.HEALTH} and /v1/models answer"),
                 Check("served model", head, PASS if want in dep.models else FAIL, ", ".join(dep.models), want,
                       "" if want in dep.models else "check serving.served_model_name"),
-                *ray_worker_checks(params, dep), *key_check(params),
+                *ran_checks(params, dep), *ray_worker_checks(params, dep), *key_check(params),
                 *listeners.checks(params, dep.listeners), *listeners.secret_checks(params, dep.secrets)]
     if dep.key_refused:
         return [Check("API key", head, FAIL, dep.seen, "/v1/models answers with the key of serving.api_key_env",
