@@ -116,11 +116,12 @@ def _nccl_bars(args: argparse.Namespace) -> tuple[float, float | None, str]:
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
+    import json
     import textwrap
 
     from .collectives import nccltests
     from .facts import logread
-    found = 0
+    found, reports = 0, []
     for name in args.logs:
         source = "<stdin>" if name == "-" else name
         try:
@@ -128,22 +129,31 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         except OSError as e:
             print(f"sparkbook: cannot read {name}: {e.strerror or e}", file=sys.stderr)
             return 2
+        below = 0
         if run := nccltests.parse(log.table):  # a pasted nccl-tests table: judged as 02 judges its sweep
             text_out, below = nccltests.report(run, source, *_nccl_bars(args))
-            print(text_out)
-            found += below
+            if not args.json:
+                print(text_out)
         hits, lines = log.matches, log.lines
-        found += len(hits)
+        found += below + len(hits)
+        if args.json:
+            reports.append({"log": source, "lines": lines, "findings": [h.to_json() for h in hits],
+                            **({"nccl_tests_below_bar": below} if run else {})})
+            continue
         print(f"{source}: " + (f"{len(hits)} known failure(s)" if hits else
                                f"no known failure ({lines} lines read)"))
         for h in hits:
             print(f"  {h.name} at {h.where}" + (f" ({h.count} lines)" if h.count > 1 else "")
-                  + (f", start-up phase: {h.phase}" if h.phase != "any" else ""))
+                  + (f", start-up phase: {h.phase}" if h.phase != "any" else "")
+                  + f"; class {h.reason}, remedy {h.fix}" + (" (a catch-all: its cause lists the "
+                                                             "possibilities)" if h.catch_all else ""))
             for label, value in (("cause", h.cause), ("evidence", h.evidence), ("detail", h.detail),
                                  ("remedy", h.remedy)):
                 if value:
                     print(textwrap.fill(value, 100, initial_indent=f"    {label + ':':<10}",
                                         subsequent_indent=" " * 14, break_long_words=False))
+    if args.json:
+        print(json.dumps(reports, indent=2))
     return 1 if found else 0
 
 
@@ -372,6 +382,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("logs", nargs="+", metavar="LOG", help="a log file, or - for stdin")
     p.add_argument("-p", "--params", default=None, metavar="FILE", help="the expectations for "
                    "nccl-tests tables (default: the DGX Spark pair's, built in)")
+    p.add_argument("--json", action="store_true", help="the findings as JSON, one entry per log: each "
+                   "with its evidence, its cause's class (reason: hardware, fabric, configuration, "
+                   "version, resource, transient), its remedy's class (fix: setting, version, restart, "
+                   "reboot, power-cycle, reseat-cable) and whether it is a catch-all")
     p.set_defaults(func=cmd_diagnose)
 
     from .lab.image import STACKS

@@ -152,6 +152,31 @@ def test_diagnose_names_each_failure_with_its_file_and_line(capsys):
     assert "a port is already in use" in out and "address already in use" in out and "ss -ltnp" in out
 
 
+def test_every_signature_has_a_class_of_cause_and_of_remedy_and_only_nccl_error_is_a_catch_all():
+    for sig in known_failures.SIGNATURES:
+        assert sig.reason in known_failures.REASONS and sig.fix in known_failures.FIXES, sig.name
+    assert [s.name for s in known_failures.SIGNATURES if s.catch_all] == ["nccl-error"]
+
+
+def test_diagnose_json_gives_each_finding_with_its_classes_for_tools(capsys):
+    """`diagnose --json`: one entry per log, each finding with its evidence, its classes and
+    whether only a catch-all matched (the text says so too); the exit code as without --json."""
+    import json
+    specific, catch_all, clean = LOGS / "ray-node-dead-1.txt", LOGS / "nccl-error-1.txt", CLEAN[0]
+    assert main(["diagnose", "--json", str(specific), str(catch_all), str(clean)]) == 1
+    reports = json.loads(capsys.readouterr().out)
+    assert [r["log"] for r in reports] == [str(specific), str(catch_all), str(clean)]
+    assert reports[2]["findings"] == [] and reports[2]["lines"] > 0
+    dead = {f["name"]: f for f in reports[0]["findings"]}["ray-node-dead"]
+    assert (dead["reason"], dead["fix"], dead["catch_all"]) == ("transient", "restart", False)
+    assert dead["evidence"] and dead["line"] > 2 and dead["source"] == str(specific)
+    nccl = {f["name"]: f for f in reports[1]["findings"]}["nccl-error"]
+    assert (nccl["reason"], nccl["fix"], nccl["catch_all"]) == ("fabric", "setting", True)
+    assert main(["diagnose", "--json", str(clean)]) == 0 and json.loads(capsys.readouterr().out)[0]["findings"] == []
+    assert main(["diagnose", str(catch_all)]) == 1
+    assert "nccl-error at" in (out := capsys.readouterr().out) and "(a catch-all: its cause lists" in out
+
+
 def test_diagnose_exits_0_on_a_clean_log_and_reads_several_files(capsys):
     clean = CLEAN[0]
     assert main(["diagnose", str(clean)]) == 0

@@ -22,6 +22,11 @@ SERVING = ("05", "06", "07")
 PHASES = ("container", "ray", "config", "distributed init", "weights", "kv cache", "graph capture",
           "runtime", "any")
 
+# The classes of a signature's cause and of its remedy, for tools that act on a finding
+# (`sparkbook diagnose --json`): what failed, and what kind of action mends it.
+REASONS = ("hardware", "fabric", "configuration", "version", "resource", "transient")
+FIXES = ("setting", "version", "restart", "reboot", "power-cycle", "reseat-cable")
+
 # Lines that show vLLM's start-up went on: a warning that something *may* fail is void once one
 # of these follows it.
 PROGRESS = r"(world_size=\d+ rank=\d+|Loading weights took|Model loading took|Loading safetensors|" \
@@ -41,6 +46,9 @@ class Signature:
     cleared_by: re.Pattern | None = None  # a later line like this voids it (a warning, not a failure)
     hang: bool = False                    # counts only as the last thing the log says
     detail: re.Pattern | None = None      # a line that says more (NCCL's WARN line, "Last error:")
+    reason: str = "configuration"         # the class of its cause (REASONS)
+    fix: str = "setting"                  # the class of its remedy (FIXES)
+    catch_all: bool = False               # names a family of causes, not one (its cause lists them)
 
     def matches(self, line: str) -> bool:
         return any(p.search(line) for p in self.patterns)
@@ -97,7 +105,8 @@ SIGNATURES: list[Signature] = [
          "the image's PyTorch or kernels were not built for this GPU (GB10 is sm_121: it needs a "
          "CUDA 12.9+/13 build with Blackwell kernels)",
          "use an image built for the GPU (for DGX Spark one built for sm_121, e.g. NVIDIA's vLLM "
-         "container or a community Spark image)", phase="container", steps=ALL_STEPS),
+         "container or a community Spark image)", phase="container", steps=ALL_STEPS,
+         reason="version", fix="version"),
     _sig("nnodes-world-size",
          [r"--nnodes \d+ must evenly divide the total world size",
           r"nnodes.{0,40}must (?:evenly )?divide .{0,40}world size",
@@ -111,7 +120,8 @@ SIGNATURES: list[Signature] = [
           r"Failed to bind to (?:port|address)"],
          "a port is already in use",
          "stop what holds the port (`ss -ltnp`; 08_teardown.ipynb removes sparkbook's own) or change `ports`",
-         phase="container", steps=ALL_STEPS),
+         phase="container", steps=ALL_STEPS,
+         reason="resource", fix="setting"),
     _sig("hf-gated-model",
          [r"GatedRepoError", r"Cannot access gated repo", r"You are trying to access a gated repo",
           r"Access to model \S+ is restricted"],
@@ -140,7 +150,8 @@ SIGNATURES: list[Signature] = [
          "this vLLM (or the transformers inside the image) does not know the model's architecture",
          "use an image whose vLLM supports the model (its model card names the minimum vLLM and "
          "transformers; 05_serve.ipynb's image check lists the image's architectures), or check "
-         "`architectures` in the model's config.json", phase="config"),
+         "`architectures` in the model's config.json", phase="config",
+         reason="version", fix="version"),
     _sig("free-memory-at-startup",
          [r"Free memory on device.{0,80}on startup is less than desired GPU memory utilization",
           r"Free memory on device.{0,80}less than desired"],
@@ -149,7 +160,8 @@ SIGNATURES: list[Signature] = [
          "process share the same unified memory",
          "lower serving.gpu_memory_utilization below free/total from the message, stop other GPU "
          "processes (a previous vLLM still running?) and drop the page cache before starting "
-         "(`sync; echo 3 | sudo tee /proc/sys/vm/drop_caches`)", phase="kv cache"),
+         "(`sync; echo 3 | sudo tee /proc/sys/vm/drop_caches`)", phase="kv cache",
+         reason="resource", fix="setting"),
     _sig("kv-cache-too-small",
          [r"KV cache is needed, which is larger than the available KV cache memory",
           r"No available memory for the cache blocks",
@@ -158,7 +170,8 @@ SIGNATURES: list[Signature] = [
          "the model's maximum length",
          "lower serving.max_model_len (the message names the longest that fits), raise "
          "serving.gpu_memory_utilization, or use a smaller or more quantised model / an fp8 KV cache",
-         phase="kv cache"),
+         phase="kv cache",
+         reason="resource", fix="setting"),
     _sig("rdma-memlock",
          [r"Call to ibv_reg_mr\w* failed", r"ibv_\w{1,40}(?:\(\) | )failed.{0,40}Cannot allocate memory"],
          "RDMA could not register (lock) memory: the container's locked-memory limit is too low",
@@ -172,7 +185,8 @@ SIGNATURES: list[Signature] = [
          "Ray's memory monitor killed a worker: on GB10 the memory the GPU uses is host memory too, "
          "so Ray counts the model's weights and KV cache against its threshold",
          "start Ray with RAY_memory_monitor_refresh_ms=0 (or a higher RAY_memory_usage_threshold), "
-         "or lower serving.gpu_memory_utilization", steps=("04",) + SERVING),
+         "or lower serving.gpu_memory_utilization", steps=("04",) + SERVING,
+         reason="resource", fix="setting"),
     _sig("disk-full",
          [r"\[Errno 28\] No space left on device", r"No space left on device \(os error 28\)",
           r"code: 28, kind: StorageFull"],
@@ -181,14 +195,16 @@ SIGNATURES: list[Signature] = [
          "free space on the node (`df -h`; `docker image prune` removes unused images) or point the "
          "model or cache at a bigger disk; 01_preflight.ipynb's model disk and docker disk rows show "
          "what is free",
-         steps=ALL_STEPS),
+         steps=ALL_STEPS,
+         reason="resource", fix="setting"),
     _sig("out-of-memory",
          [r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory",
           r"Cannot allocate memory", r"NV_ERR_NO_MEMORY", r"invoked oom-killer|Out of memory: Killed process"],
          "out of memory",
          "lower serving.gpu_memory_utilization or serving.max_model_len; on GB10 stop other GPU "
          "processes and drop the page cache (`sync; echo 3 | sudo tee /proc/sys/vm/drop_caches`)",
-         steps=ALL_STEPS),
+         steps=ALL_STEPS,
+         reason="resource", fix="setting"),
     _sig("ray-gcs-unreachable",
          [r"Unable to connect to GCS at", r"Failed to connect to GCS",
           r"Failed to get cluster ID from GCS", r"Timed out while waiting for GCS to become available"],
@@ -196,12 +212,14 @@ SIGNATURES: list[Signature] = [
          "Ray not running",
          "check the head's Ray container is up and that every node reaches its fabric address on "
          "the Ray port (04_ray_cluster.ipynb; 01_preflight.ipynb's ports check)", phase="ray",
-         steps=("04",) + SERVING, cleared_by=_RAY_UP),
+         steps=("04",) + SERVING, cleared_by=_RAY_UP,
+         reason="fabric", fix="setting"),
     _sig("ray-version-mismatch",
          [r"Version mismatch: The cluster was started with"],
          "the nodes run different Ray or Python versions: their images differ",
          "run the same image on every node (03_distribute_image.ipynb copies it; 04_ray_cluster.ipynb "
-         "compares the nodes' images)", phase="ray", steps=("04",) + SERVING),
+         "compares the nodes' images)", phase="ray", steps=("04",) + SERVING,
+         reason="version", fix="version"),
     _sig("ray-node-dead",
          [r"has been marked dead because the (?:detector|monitor) has missed too many heartbeats",
           r"mistakenly been marked (?:as )?dead",
@@ -211,7 +229,8 @@ SIGNATURES: list[Signature] = [
          "down, the node rebooted, or its raylet was killed, e.g. out of memory)",
          "check the rails between the nodes (`ip link`, `ibdev2netdev`; 01_preflight.ipynb) and the "
          "lost node's `dmesg` for OOM kills, then restart serving (05_serve.ipynb)", phase="runtime",
-         steps=("04",) + SERVING),
+         steps=("04",) + SERVING,
+         reason="transient", fix="restart"),
     _sig("nccl-no-interface",
          [r"Bootstrap : no socket interface found", r"no NCCL_SOCKET_IFNAME interface found"],
          "NCCL found no usable network interface: NCCL_SOCKET_IFNAME names an interface the "
@@ -227,7 +246,8 @@ SIGNATURES: list[Signature] = [
          "an NCCL collective timed out or hung",
          "run 02_collectives.ipynb: check NCCL_SOCKET_IFNAME / NCCL_IB_HCA point at the fabric rails, the "
          "rails' MTU, and that RDMA devices reach the container (runtime.rdma)",
-         phase="runtime", steps=ALL_STEPS, detail=_NCCL_DETAIL),
+         phase="runtime", steps=ALL_STEPS, detail=_NCCL_DETAIL,
+         reason="fabric", fix="setting"),
     _sig("nccl-error",
          [r"unhandled system error", r"remote process exited or there was a network error",
           r"ncclSystemError|ncclRemoteError|ncclInternalError|ncclUnhandledCudaError|"
@@ -239,7 +259,8 @@ SIGNATURES: list[Signature] = [
          "run 02_collectives.ipynb with NCCL_DEBUG=INFO: the NCCL WARN line before the error names the "
          "call that failed; check the rails, their MTU, `--device /dev/infiniband`, IPC_LOCK and "
          "`--ulimit memlock=-1` on the containers, and the other node's log",
-         phase="distributed init", steps=ALL_STEPS, detail=_NCCL_DETAIL),
+         phase="distributed init", steps=ALL_STEPS, detail=_NCCL_DETAIL,
+         reason="fabric", fix="setting", catch_all=True),
     _sig("rendezvous-unreachable",
          [r"The client socket has timed out after \S+ while trying to connect to",
           r"DistNetworkError", r"Gloo connectFullMesh failed",
@@ -249,7 +270,8 @@ SIGNATURES: list[Signature] = [
          "check every node reaches the head's fabric address on the rendezvous port (01_preflight.ipynb's "
          "ports check) and that the head's container started (its log)",
          # not 02's: its own diagnosis names the ranks that never joined and the address
-         phase="distributed init"),
+         phase="distributed init",
+         reason="fabric", fix="setting"),
     _sig("ray-placement-group",
          [r"Waiting for creating a placement group", r"cannot be scheduled right now",
           r"No available node types can fulfill resource request",
@@ -276,7 +298,8 @@ SIGNATURES: list[Signature] = [
          [r"current platform \S+ does not support ray"],
          "this vLLM build's platform cannot run the Ray executor (vLLM for CPU has no Ray device)",
          "serve with the mp executor (serving.executor: mp), or an image whose vLLM runs Ray on this "
-         "platform", phase="ray"),
+         "platform", phase="ray",
+         reason="version", fix="version"),
     _sig("attention-unsupported",
          [r"No (?:valid|available) attention backend",
           r"Selected backend \S+ is not valid for this configuration",
@@ -285,7 +308,8 @@ SIGNATURES: list[Signature] = [
           r"attention backend.{0,80}(?:is not supported|not valid)"],
          "an attention configuration this build does not support",
          "pick another attention backend (VLLM_ATTENTION_BACKEND in serving.env, or "
-         "--attention-backend) or an image built for this GPU", phase="weights"),
+         "--attention-backend) or an image built for this GPU", phase="weights",
+         reason="version", fix="setting"),
     _sig("cuda-graph-hang",
          [r"Capturing CUDA graph|Capturing cudagraphs|cuda graph capture"], flags=re.I,
          cause="it stopped while capturing CUDA graphs",
@@ -296,7 +320,8 @@ SIGNATURES: list[Signature] = [
           r"error: the following arguments are required"],
          "vllm serve refused an option",
          "fix serving.extra_args (05_serve.ipynb's image check lists the options this vLLM knows)",
-         phase="config"),
+         phase="config",
+         reason="version", fix="setting"),
     _sig("config-rejected",
          [r"validation errors? for \w*Config", r"Value error, "],
          "vLLM refused its configuration (the evidence line names the setting)",

@@ -51,6 +51,9 @@ class Match:
     phase: str = "any"
     detail: str = ""
     source: str = ""  # the file it was read from, where a caller sets it
+    reason: str = "configuration"  # the class of the cause and of the remedy (known_failures.REASONS,
+    fix: str = "setting"           # FIXES)
+    catch_all: bool = False        # the signature names a family of causes, not one
 
     @property
     def where(self) -> str:
@@ -179,7 +182,7 @@ class Scan:
             count, last, text = self.hits[sig.name]
             detail = self.detail.get(sig.detail.pattern, [""])[0][-300:] if sig.detail else ""
             found.append(Match(sig.name, sig.cause, sig.remedy, _evidence(text, sig), last + 1, count,
-                               sig.phase, detail, self.source))
+                               sig.phase, detail, self.source, sig.reason, sig.fix, sig.catch_all))
         return found
 
 
