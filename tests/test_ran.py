@@ -131,16 +131,19 @@ def test_a_log_without_the_line_warns_on_the_head_only(lab_yaml):
     assert unreadable == [(params.head.name, WARN, "ssh: timed out")]
 
 
-def test_what_ran_is_recorded_in_the_fingerprint_beside_what_decides(lab_yaml, tmp_path):
+def test_what_ran_and_the_start_up_timeline_are_recorded_in_the_fingerprint_beside_what_decides(lab_yaml, tmp_path):
     from sparkbook.record import fingerprint as fp
     head = lab_yaml.head.name
-    (tmp_path / "serving.json").write_text(json.dumps({"ran": {head: parse(lab_log(lab_yaml))}}))
-    ran = fp.ran(lab_yaml, tmp_path)
-    assert ran["version"] == "v0.32.0" and ran["args"]["tensor_parallel_size"] == 2
-    assert fp.ran(lab_yaml, tmp_path / "elsewhere") == {}  # no 05 in that run folder
+    timeline = {"api": {"port open": 41.2, "ready": 44.9, "first token": 45.3}, head: {"weights": 20.1}}
+    (tmp_path / "serving.json").write_text(json.dumps({"ran": {head: parse(lab_log(lab_yaml))}, "timeline": timeline}))
+    started = fp.started(lab_yaml, tmp_path)
+    assert started["ran"]["version"] == "v0.32.0" and started["ran"]["args"]["tensor_parallel_size"] == 2
+    assert started["timeline"] == timeline
+    assert fp.started(lab_yaml, tmp_path / "elsewhere") == {}  # no 05 in that run folder
     plain = fp.Fingerprint(serving={"flags": ["--enforce-eager"], "env": {}})
-    recorded = fp.Fingerprint(serving={**plain.serving, "ran": ran})
+    recorded = fp.Fingerprint(serving={**plain.serving, **started})
     shown = dict(recorded.rows())["ran (vLLM's log)"]
     assert shown.startswith("vLLM v0.32.0: model_tag=/models/") and "tensor_parallel_size=2" in shown
-    assert "ran (vLLM's log)" not in dict(plain.rows())
+    assert dict(recorded.rows())["start-up"] == "port open 41 s, ready 45 s, first token 45 s"
+    assert "ran (vLLM's log)" not in dict(plain.rows()) and "start-up" not in dict(plain.rows())
     assert recorded.key() == plain.key()  # shown, not deciding: 05 fails where it differs from the plan

@@ -718,17 +718,44 @@ def test_the_readiness_wait_sends_the_key_and_stops_at_once_when_it_is_refused(m
     with FakeOpenAI(model="m", api_key=key) as server:
         p = lab_like(api_url=server.url, api_key_env="SPARKBOOK_TEST_API_KEY")
         monkeypatch.setenv("SPARKBOOK_TEST_API_KEY", key)
-        assert deploy.healthy(p) == (True, ["m"], "ready", False)
+        assert deploy.healthy(p) == (True, ["m"], "ready", False, True)
         monkeypatch.setenv("SPARKBOOK_TEST_API_KEY", "sk-not-the-servers-key-000")
         dep = deploy.Deployment()
         t0 = time.monotonic()
         deploy.wait_ready(p, None, dep, timeout=60)  # no node is read: the refusal ends the wait first
         assert time.monotonic() - t0 < 5 and dep.key_refused and not dep.ready
+        assert list(dep.timeline["api"]) == ["port open"]  # it answered, but was never ready
         assert "HTTP 401" in dep.seen and "not the one vLLM requires" in dep.seen
         failed = failures(serve_step.checks(p, dep))
         assert [c.check for c in failed] == ["API key"]
         no_key = deploy.healthy(lab_like(api_url=server.url))
         assert no_key.refused and "serving.api_key_env" in no_key.seen
+
+
+def test_the_start_up_timeline_counts_from_the_launch_each_phase_and_the_apis_milestones(monkeypatch):
+    """05's timeline: when each node's log first reached each phase, when the API's port first
+    answered (a 503 while loading), when it was ready, and the first token of a real request."""
+    from fake_openai import FakeOpenAI
+    from sparkbook.serving.startup import NodeProgress
+    answers = iter([deploy.Health(False, [], "URLError: [Errno 111] Connection refused"),
+                    deploy.Health(False, [], "/health answered 503", answered=True),
+                    deploy.Health(True, ["m"], "ready", answered=True)])
+    lines = iter([["INFO Loading weights took 3.1 s"], ["INFO Available KV cache memory: 1 GiB"]])
+    monkeypatch.setattr(deploy, "healthy", lambda params: next(answers))
+    monkeypatch.setattr(deploy, "read_progress", lambda params, cluster: {
+        "spark-1": NodeProgress("running", 1.0, next(lines))})
+    monkeypatch.setattr(deploy.time, "sleep", lambda s: None)
+    p, dep = lab_like(), deploy.Deployment()
+    launched = time.monotonic() - 20  # vllm serve launched 20 s before the wait began
+    deploy.wait_ready(p, None, dep, timeout=60, launched=launched)
+    assert dep.ready and list(dep.timeline) == ["api", "spark-1"]
+    assert list(dep.timeline["spark-1"]) == ["weights", "kv cache"] and list(dep.timeline["api"]) == ["port open", "ready"]
+    assert 20 <= dep.timeline["spark-1"]["weights"] <= dep.timeline["api"]["port open"] <= dep.timeline["api"]["ready"] < 30
+    dep.action, dep.seconds = "started", 25.0
+    assert dict(dep.key_numbers())["start-up timeline"].startswith("port open 2") and "ready 2" in dict(dep.key_numbers())["start-up timeline"]
+    with FakeOpenAI(model="m") as server:  # the first token: one real request comes back
+        assert deploy.first_token(lab_like(api_url=server.url), "m")
+    assert not deploy.first_token(lab_like(api_url="http://127.0.0.1:9"), "m", timeout=5)
 
 
 def test_secrets_go_through_a_private_file_removed_after_the_start(docker_of, monkeypatch, tmp_path):

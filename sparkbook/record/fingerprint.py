@@ -25,7 +25,8 @@ Informational only: sparkbook's version and commit (and whether its checkout was
 fingerprint was taken, the deployment's and nodes' names and addresses, the image's tag and registry
 digests, Python and CUDA versions, the full ``vllm serve`` command line, what vLLM logged it ran
 with on the head (05's "configuration that ran", from this run folder's serving.json; 05 fails
-where it differs from what was asked), and a hash of the whole parameters (without
+where it differs from what was asked) and the start-up's timeline (there too: a slow start told
+from a stuck one, run against run), and a hash of the whole parameters (without
 ``nodes[*].key``, so that two machines' copies of one file hash alike: it tells "the same file",
 not "comparable", since the deciding parts are above).
 
@@ -170,6 +171,8 @@ class Fingerprint:
         ran = self.serving.get("ran") or {}
         ran_row = [("ran (vLLM's log)", f"vLLM {ran.get('version')}: " + ", ".join(
             f"{k}={v}" for k, v in (ran.get("args") or {}).items()))] if ran else []
+        if api := (self.serving.get("timeline") or {}).get("api"):
+            ran_row.append(("start-up", ", ".join(f"{k} {v:.0f} s" for k, v in api.items())))
         rows = [("fingerprint", comparable),
                 ("sparkbook", f"{sb.get('version')}{commit}"),
                 ("image", " ".join(_short(x) for x in (img.get("name"), img.get("id"), *img.get("digests", [])) if x)),
@@ -304,7 +307,7 @@ def build(params: Params, cluster: Cluster, run_dir: Path, timeout: float = TIME
     fp = Fingerprint(sparkbook=checkout(), created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                      deployment=params.name, params_hash=params_hash(params), unread=unread,
                      serving=serving(params), layout=layout(params), benchmark=benchmark(params))
-    fp.serving["ran"] = ran(params, run_dir)
+    fp.serving.update(started(params, run_dir))
     fp.image, identity, env = image(params, head.get("image identity", ""))
     fp.versions = runtime(head, identity, env, run_dir / INSPECTION)
     fp.model = model(params, head.get("model"), run_dir / "distribution.json")
@@ -397,14 +400,15 @@ def serving(params: Params) -> dict[str, Any]:
             "command": shown(command)}
 
 
-def ran(params: Params, run_dir: Path) -> dict[str, Any]:
-    """What vLLM logged it was started with on the head, as this run folder's 05 recorded it
-    (serving.json; none where 05 did not run here)."""
+def started(params: Params, run_dir: Path) -> dict[str, Any]:
+    """What this run folder's 05 recorded of vLLM's start (serving.json; nothing where 05 did not
+    run here): what vLLM logged it ran with on the head (``ran``) and the start-up's ``timeline``."""
     try:
-        recorded = json.loads((run_dir / "serving.json").read_text()).get("ran") or {}
+        recorded = json.loads((run_dir / "serving.json").read_text())
+        return {"ran": (recorded.get("ran") or {}).get(params.head.name) or {},
+                "timeline": recorded.get("timeline") or {}}
     except (OSError, ValueError, AttributeError):
         return {}
-    return recorded.get(params.head.name) or {}
 
 
 def layout(params: Params) -> dict[str, Any]:

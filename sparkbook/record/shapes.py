@@ -187,6 +187,7 @@ class FpServing(Shape):
     flags: list[str] = []
     env: dict[str, Any] = {}
     ran: dict[str, Any] = {}
+    timeline: dict[str, Any] = {}
 
 
 class FpNode(Shape):

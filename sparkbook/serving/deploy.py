@@ -62,10 +62,16 @@ class Deployment(Outcome):
     key_refused: bool = False            # vLLM answered, but refused the request for its key (401)
     secrets: dict[str, list[str]] = field(default_factory=dict)  # secret variables the containers hold (names)
     ran: dict[str, dict] = field(default_factory=dict)  # node -> what vLLM logged it ran with (what_ran)
+    # seconds from vllm serve's launch (this machine's clock) to each start-up phase a node's log
+    # reached first (node -> phase -> s), and to the API's milestones ("api": port open, ready, first
+    # token of a real request); empty when nothing was started (a deployment kept)
+    timeline: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def key_numbers(self) -> list[tuple[str, str]]:
         took = f"ready in {self.seconds:.0f} s" if self.ready else f"not ready after {self.seconds:.0f} s"
-        return [("vLLM start-up", f"{took} ({self.action})")]
+        api = self.timeline.get("api", {})
+        return [("vLLM start-up", f"{took} ({self.action})")] + (
+            [("start-up timeline", ", ".join(f"{k} {v:.0f} s" for k, v in api.items()))] if api else [])
 
 
 def serve(params: Params, cluster: Cluster, run_dir: Path, say: Callable[[str], object] = print,
@@ -104,8 +110,11 @@ def serve(params: Params, cluster: Cluster, run_dir: Path, say: Callable[[str], 
     if dep.conflicts:
         return dep
     try:
+        launched = time.monotonic()
         start_serving(params, cluster, states, say)
-        wait_ready(params, cluster, dep, params.serving.startup_timeout)
+        wait_ready(params, cluster, dep, params.serving.startup_timeout, launched)
+        if dep.ready and first_token(params, dep.models[0]):
+            dep.timeline.setdefault("api", {})["first token"] = round(time.monotonic() - launched, 1)
     finally:
         if not dep.ready:
             t1 = time.monotonic()
@@ -200,24 +209,37 @@ def remove_serving(params: Params, cluster: Cluster, grace: float = 60) -> None:
         cluster.run(remove(params, p.serve_container))
 
 
-def wait_ready(params: Params, cluster: Cluster, dep: Deployment, timeout: float) -> None:
+def wait_ready(params: Params, cluster: Cluster, dep: Deployment, timeout: float,
+               launched: float | None = None) -> None:
     """Wait for /health and /v1/models, showing every node's phase and latest log line; stop early
     when a serving container (or vllm serve in the Ray head's) dies, or when no node has made
-    progress for ``serving.stall_timeout``. What it saw goes into ``dep``."""
+    progress for ``serving.stall_timeout``. What it saw goes into ``dep``; when each phase was
+    first seen and when the API's port answered and it was ready, in seconds since ``launched``
+    (the monotonic time vllm serve was launched; the wait's start by default), into
+    ``dep.timeline``."""
     deadline = time.monotonic() + timeout
     t0 = time.monotonic()
+    since = (lambda: round(time.monotonic() - (t0 if launched is None else launched), 1))
+    api = dep.timeline.setdefault("api", {})
     watch = StallWatch(params.serving.stall_timeout)
     with Progress(f"waiting for vLLM at {params.endpoint} (up to {timeout:.0f} s; a stall is called "
                   f"after {params.serving.stall_timeout:.0f} s without progress)") as progress:
         while time.monotonic() < deadline:
             health = healthy(params)
-            dep.ready, dep.models, dep.seen, dep.key_refused = health
+            dep.ready, dep.models, dep.seen, dep.key_refused = health.ready, health.models, health.seen, health.refused
+            if health.answered:
+                api.setdefault("port open", since())
+            if dep.ready:
+                api["ready"] = since()
             progress.update("api", f"{time.monotonic() - t0:5.0f} s  {dep.seen}", force=dep.ready)
             if dep.ready or health.refused:  # up, but the key is refused: no use waiting
                 return
             readings = read_progress(params, cluster)
             dep.stall = watch.update(readings)
             dep.phases = dict(watch.phases)
+            for node, phase in dep.phases.items():
+                if phase:
+                    dep.timeline.setdefault(node, {}).setdefault(phase, since())
             for node, p in readings.items():
                 phase = watch.phases.get(node)
                 progress.update(node, f"[{p.status}] {phase or 'starting'}: {p.last_line[-140:]}",
@@ -238,6 +260,7 @@ class Health(NamedTuple):
     models: list[str]
     seen: str
     refused: bool = False  # the API answers but refuses the request (401: no key, or another key)
+    answered: bool = False  # an HTTP answer came back (the port is open), whatever it said
 
 
 def healthy(params: Params, timeout: float = 5) -> Health:
@@ -248,18 +271,33 @@ def healthy(params: Params, timeout: float = 5) -> Health:
     try:
         with _get(params.endpoint + HEALTH, timeout) as r:
             if r.status != 200:
-                return Health(False, [], f"{HEALTH} answered {r.status}")
+                return Health(False, [], f"{HEALTH} answered {r.status}", answered=True)
         with _get(f"{params.endpoint}/v1/models", timeout, headers) as r:
             ids = [m["id"] for m in json.load(r).get("data", [])]
-        return Health(bool(ids), ids, "ready" if ids else "/v1/models lists no model")
+        return Health(bool(ids), ids, "ready" if ids else "/v1/models lists no model", answered=True)
     except urllib.error.HTTPError as e:
         if e.code == 401:
             return Health(False, [], "the API refused the request (HTTP 401): " + (
                 "the key of serving.api_key_env is not the one vLLM requires" if key else
-                "vLLM requires an API key: name the variable that holds it in serving.api_key_env"), True)
-        return Health(False, [], f"HTTP {e.code} from {e.url}")
+                "vLLM requires an API key: name the variable that holds it in serving.api_key_env"), True, True)
+        return Health(False, [], f"HTTP {e.code} from {e.url}", answered=True)
     except (OSError, ValueError) as e:
         return Health(False, [], f"{type(e).__name__}: {getattr(e, 'reason', e)}")
+
+
+def first_token(params: Params, model: str, timeout: float = 120) -> bool:
+    """One real request, a chat completion of one token: whether it came back (06 judges the API;
+    this only times the first answer for the start-up's timeline)."""
+    key = api_key(params)
+    body = json.dumps({"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]})
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(urllib.request.Request(f"{params.endpoint}/v1/chat/completions", body.encode(),
+                                                headers), timeout=timeout) as r:
+            return bool(json.load(r).get("choices"))
+    except (OSError, ValueError):
+        return False
 
 
 def _get(url: str, timeout: float, headers: dict[str, str] | None = None):

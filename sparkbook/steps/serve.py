@@ -51,6 +51,8 @@ def table(outcome: Deployment) -> Table:
     rows += [[f"vLLM Ray workers on {node}", k] for node, k in d.ray_workers.items()]
     rows += [[f"start-up phase on {node}", phase or "not begun"] for node, phase in d.phases.items()
              if not d.ready]
+    rows += [[f"since the launch: {who}", ", ".join(f"{mark} {s:.0f} s" for mark, s in marks.items())]
+             for who, marks in d.timeline.items() if marks]
     return Table(["", "value"], rows, title="vLLM serving")
 
 
