@@ -72,6 +72,17 @@ def test_a_clean_start_up_on_two_sparks_names_nothing(name):
     assert signatures.match(field_sample(name)) == []
 
 
+def test_a_spark_start_up_that_stops_at_the_cross_node_all_reduce_is_the_init_hang():
+    """The DGX Spark pair's clean vLLM start-up (its worker's line that custom all-reduce is off
+    across nodes, then weights, KV cache and the API) cut where the reported hang stopped: named,
+    in distributed init; the whole log names nothing (test_a_clean_start_up_on_two_sparks_...)."""
+    lines = field_sample("vllm-ray-head-startup-1.txt").splitlines()
+    cut = next(i for i, line in enumerate(lines) if "Custom allreduce is disabled" in line)
+    hit = signatures.first("\n".join(lines[:cut + 1]))
+    assert hit.name == "cross-node-init-hang" and hit.phase == "distributed init", hit
+    assert (hit.reason, hit.fix, hit.catch_all) == ("fabric", "version", False)
+
+
 def test_a_log_that_ends_in_graph_capture_is_a_hang_and_shutdown_lines_do_not_hide_it():
     head = field_sample("vllm-ray-head-startup-1.txt").split("\n")
     cut = next(i for i, ln in enumerate(head) if "Capturing CUDA graphs" in ln and "2/51" in ln)

@@ -310,6 +310,20 @@ SIGNATURES: list[Signature] = [
          "pick another attention backend (VLLM_ATTENTION_BACKEND in serving.env, or "
          "--attention-backend) or an image built for this GPU", phase="weights",
          reason="version", fix="setting"),
+    # vLLM and SGLang both print this line once a rank's tensor-parallel group spans nodes, then go
+    # on ("Init torch distributed ends"); as the last line of every rank, the hang a DGX Spark pair
+    # reported with SGLang's images, while vLLM's ran on the same fabric (source:
+    # github.com/MiaAI-Lab/Qwen3.8-Flash-Next-Dual-DGX-Sparks/issues/3)
+    _sig("cross-node-init-hang",
+         [r"Custom ?[Aa]llreduce is disabled because this process group spans across nodes"],
+         "the ranks stopped while setting up their communicators across the nodes: each got as far "
+         "as the all-reduce of a group that spans the nodes (NCCL had connected over the fabric), "
+         "then nothing, and no weights were loaded",
+         "run 02_collectives.ipynb with the serving image (NCCL over the rails, its NCCL version), and "
+         "NCCL_DEBUG=INFO on every node to see the last channel each built; where the fabric passes, "
+         "compare the image's NCCL and engine version with one that starts on it (on a DGX Spark pair "
+         "this hang came with one engine's images while another's ran)",
+         phase="distributed init", steps=SERVING, hang=True, reason="fabric", fix="version"),
     _sig("cuda-graph-hang",
          [r"Capturing CUDA graph|Capturing cudagraphs|cuda graph capture"], flags=re.I,
          cause="it stopped while capturing CUDA graphs",
