@@ -250,7 +250,8 @@ def nodes_now(params: Params, timeout: float = NODE_TIMEOUT_S) -> tuple[Table, s
         else:
             cluster.ssh = cluster.ssh.model_copy(update={"command_timeout": timeout})
             states = node_states(params, cluster)
-        ready, models, seen, _ = health.result()
+        h = health.result()
+        ready, models, seen = h.ready, h.models, h.seen
     rows = []
     for n in params.nodes:
         st = states.get(n.name) or NodeState(error="no answer")
