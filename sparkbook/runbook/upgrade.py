@@ -73,6 +73,10 @@ def gate(baseline: Path, candidate: Path, summary: dict, min_ratio: float = MIN_
             rows.append(Check(f"upgrade {what}", "all", FAIL, f"the baseline {baseline.name} has no 07 result",
                               "a baseline run with 07"))
             continue
+        if not new:
+            rows.append(Check(f"upgrade {what}", "all", FAIL, "none: 07 did not run on the candidate",
+                              f"at least {min_ratio:g}x the baseline", f"the verdicts in {candidate}"))
+            continue
         ratio = b / a
         rows.append(Check(f"upgrade {what}", "all", PASS if ratio >= min_ratio else FAIL,
                           f"{b:.1f} tok/s, {ratio:.2f}x the baseline's {a:.1f}", f"at least {min_ratio:g}x the baseline",
