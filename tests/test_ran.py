@@ -117,6 +117,9 @@ def test_what_the_lab_asks_is_what_it_runs_and_a_wrapper_or_another_value_fails_
     assert status == FAIL and "tensor_parallel_size: asked 2, ran 1" in seen, seen
     [(_, status, seen)] = rows(params, {head: parse(lab_log(params, max_len=1024))})
     assert status == FAIL and "max_seq_len (engine): asked 2048, ran 1024" in seen, seen
+    # the row's command reads what it read, on the node: vllm serve's log in the head's logs folder
+    [row] = ran_checks(params, Deployment(ready=True, ran={head: parse(lab_log(params))}))
+    assert row.command.startswith("bash sparkbook/scripts/serve_config.sh ray-head sparkbook-lab-ray /"), row.command
     # the plan's arguments are what the check holds the log to
     assert "--max-model-len" in plan(params).nodes[head].serve_args
 

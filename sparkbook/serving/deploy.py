@@ -267,12 +267,11 @@ def healthy(params: Params, timeout: float = 5) -> Health:
     """Whether the engine's health path answers 200 and /v1/models lists a model (with the API
     key, when the parameters name one): the served model IDs, what was seen."""
     key = api_key(params)
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
-        with _get(params.endpoint + HEALTH, timeout) as r:
+        with _open(params.endpoint + HEALTH, timeout) as r:
             if r.status != 200:
                 return Health(False, [], f"{HEALTH} answered {r.status}", answered=True)
-        with _get(f"{params.endpoint}/v1/models", timeout, headers) as r:
+        with _open(f"{params.endpoint}/v1/models", timeout, key) as r:
             ids = [m["id"] for m in json.load(r).get("data", [])]
         return Health(bool(ids), ids, "ready" if ids else "/v1/models lists no model", answered=True)
     except urllib.error.HTTPError as e:
@@ -288,19 +287,20 @@ def healthy(params: Params, timeout: float = 5) -> Health:
 def first_token(params: Params, model: str, timeout: float = 120) -> bool:
     """One real request, a chat completion of one token: whether it came back (06 judges the API;
     this only times the first answer for the start-up's timeline)."""
-    key = api_key(params)
-    body = json.dumps({"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]})
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    body = {"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]}
     try:
-        with opener.open(urllib.request.Request(f"{params.endpoint}/v1/chat/completions", body.encode(),
-                                                headers), timeout=timeout) as r:
+        with _open(f"{params.endpoint}/v1/chat/completions", timeout, api_key(params), body) as r:
             return bool(json.load(r).get("choices"))
     except (OSError, ValueError):
         return False
 
 
-def _get(url: str, timeout: float, headers: dict[str, str] | None = None):
-    # straight to the node, never through a proxy from this machine's environment
+def _open(url: str, timeout: float, key: str | None = None, body: dict | None = None):
+    """GET ``url`` (POST ``body`` as JSON), with the API key where one is given; straight to the
+    node, never through a proxy from this machine's environment."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+    data = json.dumps(body).encode() if body is not None else None
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    return opener.open(urllib.request.Request(url, headers=headers or {}), timeout=timeout)
+    return opener.open(urllib.request.Request(url, data, headers), timeout=timeout)

@@ -13,9 +13,9 @@ from ..book.redact import mask
 from ..facts import pyrepr
 from ..facts.parsers import parse_sections
 from ..nodes.remote import Cluster
-from ..nodes.shell import script
+from ..nodes.shell import Script, script
 from ..nodes.workdir import serve_log
-from ..params import Params
+from ..params import Node, Params
 from .plan import plan
 from .vllm import ARGS_LINE, ENGINE_ARGS, ENGINE_KEYS, ENGINE_LINE, asked
 
@@ -31,16 +31,18 @@ def what_ran(params: Params, cluster: Cluster) -> dict[str, dict[str, Any]]:
     every serving node's with mp. Each: ``version`` (vLLM's, from the engine line), ``args`` (its
     non-default arguments; None when its log has none), ``engine`` (the settings of ENGINE_KEYS),
     and ``error`` when the log could not be read."""
-    p, ray = plan(params), params.serving.executor == "ray"
-
-    def cmd(node):
-        if ray:
-            return script("serve_config.sh", "ray-head", p.ray_container, serve_log(params, node))
-        return script("serve_config.sh", "mp", p.serve_container)
-
-    nodes = [params.head] if ray else params.serving_nodes
+    nodes = [params.head] if params.serving.executor == "ray" else params.serving_nodes
     return {name: parse(r.stdout) if r.ok else {"args": None, "error": mask(r.summary())}
-            for name, r in cluster.run(cmd, nodes, timeout=60).items()}
+            for name, r in cluster.run(lambda n: reader(params, n), nodes, timeout=60).items()}
+
+
+def reader(params: Params, node: Node) -> Script:
+    """serve_config.sh for ``node``: vllm serve's log in the head's logs folder (Ray), or its
+    container's log (mp). Shown as the command of 05's "configuration that ran" row."""
+    p = plan(params)
+    if params.serving.executor == "ray":
+        return script("serve_config.sh", "ray-head", p.ray_container, serve_log(params, node))
+    return script("serve_config.sh", "mp", p.serve_container)
 
 
 def parse(text: str) -> dict[str, Any]:

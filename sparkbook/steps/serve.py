@@ -19,7 +19,7 @@ from ..serving.commands import api_bind, api_key, beyond_loopback
 from ..serving.deploy import Deployment, serve, vllm_running
 from ..serving.inspection import CACHE
 from ..serving.plan import plan
-from ..serving.ran import differences
+from ..serving.ran import differences, reader
 from ..serving.state import node_states
 
 if TYPE_CHECKING:
@@ -100,9 +100,7 @@ def ran_checks(params: Params, dep: Deployment) -> list[Check]:
     fails before 06 verifies and 07 measures a configuration nobody chose."""
     out = []
     for node, ran in dep.ran.items():
-        log = f"logs/{node}/vllm-serve.log" if params.serving.executor == "ray" else \
-            f"docker logs {plan(params).serving_container}"
-        where = f"grep -a 'non-default args' in {log}"
+        where = str(reader(params, params.node(node)))
         if ran.get("args") is None:
             if node == params.head.name:  # a headless worker's vLLM may log none
                 out.append(Check("configuration that ran", node, WARN, ran.get("error") or
