@@ -226,7 +226,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
                 build(image, force=True, st=st)
             print(f"model: {ensure(image, st=st)}")
     elif args.lab_command == "fault":
-        rec = faults.apply(lab, args.kind, args.node, port=args.port, rate=args.rate)
+        rec = faults.apply(lab, args.kind, args.node, port=args.port, rate=args.rate, seconds=args.seconds)
         print(f"lab: fault {rec['kind']} on {rec['node']}: applied")
     elif args.lab_command == "heal":
         healed = faults.heal(lab, args.kind)
@@ -417,6 +417,7 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument("--port", type=int, help="port-busy: the port (default: the API port); "
                    "firewall: the port whose TCP is dropped on the fabric (default: the Ray port)")
     q.add_argument("--rate", default="200mbit", help="slow-link, fec: the rate limit (default: 200mbit)")
+    q.add_argument("--seconds", type=float, default=90, help="compile: how long the worker compiles (default: 90)")
     q = lsub.add_parser("heal", help="undo faults (all, or one kind)")
     q.add_argument("kind", nargs="?", choices=FAULTS)
     p.set_defaults(func=cmd_lab)

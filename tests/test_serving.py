@@ -417,6 +417,81 @@ def test_a_node_whose_vllm_is_held_throughout_is_named_whatever_the_others_show(
     assert stall is not None and stall.node == "b" and not stall.held and "furthest behind" in stall.summary
 
 
+def test_a_rank_spinning_while_its_peer_waits_is_a_stall_and_a_compile_is_not():
+    """Its own CPU climbing, its log silent, nothing compiling: in the distributed initialisation
+    (where nothing compiles) that is a spin, called within the timeout, named and said so; a rank
+    whose compilers work for five times the timeout is not; its own CPU alone after the weights is
+    work while a peer works too, a spin once it is the only node at work."""
+    def reading(cpu, compile_s, *tail):
+        return startup.NodeProgress("running", cpu, list(tail), compile_s=compile_s)
+    init = "(RayWorkerWrapper pid=9) INFO world_size=2 rank=1 distributed_init_method=tcp://x"
+    watch = startup.StallWatch(timeout=30)
+    stall = None
+    for t in range(0, 60, 5):  # b spins a core, a waits (no CPU), neither logs
+        stall = watch.update({"a": reading(2.0, 0.0, "world_size=2 rank=0"), "b": reading(2.0 + t, 0.0, init)},
+                             now=t)
+        if stall:
+            break
+    assert stall is not None and t <= 35 and stall.node == "b" and stall.spinning and not stall.held
+    assert stall.phase == "distributed init"
+    assert "b's vLLM workers are spinning: using CPU in their own threads" in stall.summary
+    # the same in a phase that compiles, with the compile in b's compilers (g++, ptxas, nvcc): work
+    weights = ["Loading weights took 3 s", "Available KV cache memory: 1 GiB"]
+    watch = startup.StallWatch(timeout=30)
+    for t in range(0, 150, 5):
+        assert watch.update({"a": reading(2.0, 0.0, *weights), "b": reading(2.0 + t / 10, 4.0 + t, *weights)},
+                            now=t) is None
+    # after the weights, b's own CPU alone is work while a works too (both compile in-process) ...
+    watch = startup.StallWatch(timeout=30)
+    for t in range(0, 150, 5):
+        assert watch.update({"a": reading(2.0 + t, 0.0, *weights), "b": reading(2.0 + t, 0.0, *weights)},
+                            now=t) is None
+    # ... and a spin once a is idle: the only node at work waits on the others, or they on it
+    stall = None
+    for t in range(150, 220, 5):
+        stall = stall or watch.update({"a": reading(152.0, 0.0, *weights), "b": reading(2.0 + t, 0.0, *weights)},
+                                      now=t)
+    assert stall is not None and stall.node == "b" and stall.spinning and stall.phase == "kv cache"
+    # a single node: its own CPU after the weights is work however long (no peer to wait on)
+    watch = startup.StallWatch(timeout=30)
+    for t in range(0, 150, 5):
+        assert watch.update({"b": reading(2.0 + t, 0.0, *weights)}, now=t) is None
+
+
+def test_the_progress_script_counts_compilers_and_finished_children_as_compiling(tmp_path):
+    """serving_progress.sh on this machine, its docker a stand-in: a busy process listed as
+    ``cc1plus`` counts under @@ compile, not @@ cpu; a worker that ran a busy child and reaped it
+    counts its child's CPU under @@ compile and its own under @@ cpu."""
+    import textwrap
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\n"
+                               "subprocess.run([sys.executable, '-c', 'import time\\nt = time.process_time()\\n"
+                               "while time.process_time() - t < 0.4: pass'])\nprint('reaped', flush=True)\n"
+                               "time.sleep(30)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout.readline().strip() == "reaped"
+        with busy_and_idle() as (busy, _):
+            fake = tmp_path / "docker"
+            fake.write_text(textwrap.dedent(f"""\
+                #!/bin/sh
+                case "$1" in
+                  inspect) echo "running 0 false" ;;
+                  top) echo "PID COMMAND"; echo "{busy} /usr/lib/gcc/aarch64-linux-gnu/13/cc1plus -O2 k.cpp"
+                       echo "{parent.pid} ray::RayWorkerWrapper.execute_method" ;;
+                  logs) echo "a log line" ;;
+                esac
+                """))
+            fake.chmod(0o755)
+            script = Path(commands.__file__).parents[1] / "scripts" / "serving_progress.sh"
+            out = subprocess.run(["bash", str(script), "c", "ray-worker", "5"], capture_output=True, text=True,
+                                 env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}, check=True).stdout
+        sections = parse_sections(out.partition("\n")[2])
+        assert float(sections["compile"]) >= 0.6, out  # cc1plus's 0.3 s and the reaped child's 0.4 s
+        assert float(sections["cpu"]) < 0.3, out  # the worker's own: starting Python, not its child's
+    finally:
+        parent.kill()
+        parent.wait()
+
+
 def test_the_progress_script_counts_stopped_workers(tmp_path):
     """serving_progress.sh on this machine, its docker a stand-in listing one worker process that
     is really stopped (SIGSTOP) and one that runs: @@ stuck is 1."""

@@ -2,7 +2,7 @@
 for the module's Ray tests: 04 forms a Ray cluster, 05 serves TP 2 with vLLM's workers as Ray actors
 on both nodes, a rerun keeps it, a serving change restarts only vllm serve, a server throttled
 halfway through 06's soak fails its drift, a crash of vllm serve ends the wait at once, 08 leaves
-nothing; a frozen rank is called a stall. The mp executor: TP 2 across both nodes (twice: the second run changes nothing), a worker
+nothing; a frozen rank is called a stall, and so is a spinning one, while a long silent compile is not. The mp executor: TP 2 across both nodes (twice: the second run changes nothing), a worker
 killed during start-up and a busy port fail 05 naming the node and the cause."""
 
 import json
@@ -266,6 +266,52 @@ def test_a_rank_that_hangs_is_called_a_stall_within_stall_timeout(lab, params, c
     assert [c.node for c in stalled] == ["spark-2"], serve_step.checks(params, dep)
     assert "stalled in phase" in stalled[0].observed and stalled[0].remedy
     assert (tmp_path / "logs" / "spark-1" / "vllm-serve.log").stat().st_size > 0
+    assert run(LAB, steps="08", out=tmp_path, report=False)["status"] == "passed"
+    nothing_left(params, cluster)
+
+
+def _serve_quickly_stalled(params, cluster, tmp_path, stall_timeout=30):
+    """05's start-up (deploy.serve) with ``serving.stall_timeout`` short, after 03 and 04: the
+    deployment, and the seconds it took (its cleanup apart)."""
+    assert run(LAB, steps="03,04", out=tmp_path, report=False)["status"] == "passed"
+    params = params.model_copy(update={"serving": params.serving.model_copy(update={"stall_timeout": stall_timeout})})
+    deploy.remove_serving(params, cluster)
+    return params
+
+
+def test_a_rank_spinning_without_progress_is_a_stall_and_a_long_compile_is_not(lab, params, cluster, tmp_path):
+    """Issue 30's two faults on the worker, one start-up each with serving.stall_timeout at 30 s.
+    A worker that compiles (g++, again and again) for 75 s after its weights, logging nothing, is
+    work: vLLM becomes ready. A worker that spins after its distributed initialisation (CPU used,
+    no log line, nothing compiling; its peer idle) is called a stall within the timeout, named
+    spinning, in 'distributed init'; nothing is left running."""
+    params = _serve_quickly_stalled(params, cluster, tmp_path)
+    faults.apply(lab, "compile", "spark-2", seconds=75)
+    try:
+        t0 = time.monotonic()
+        dep = deploy.serve(params, cluster, tmp_path / "compile", say=lambda *_: None)
+    finally:
+        faults.heal(lab, "compile")
+    took = time.monotonic() - t0
+    print(f"compile fault: ready={dep.ready} in {took:.0f} s; stall={dep.stall}")
+    assert dep.ready and dep.stall is None, dep.seen
+    assert took > 75  # the compile ran, silent for longer than the stall timeout
+    deploy.remove_serving(params, cluster)
+    wait_for(lambda: not vllm_workers_on(lab.nodes()[1]), 30)
+    faults.apply(lab, "spin", "spark-2")
+    try:
+        t0 = time.monotonic()
+        dep = deploy.serve(params, cluster, tmp_path / "spin", say=lambda *_: None)
+    finally:
+        faults.heal(lab, "spin")
+    took = time.monotonic() - t0
+    print(f"spin fault: stall called {took - dep.cleanup_seconds:.0f} s after the start; {dep.seen}")
+    assert not dep.ready and dep.stall is not None, dep.seen
+    assert dep.stall.node == "spark-2" and dep.stall.spinning and dep.stall.phase == "distributed init", dep.stall
+    assert params.serving.stall_timeout <= dep.stall.quiet_s < params.serving.stall_timeout + 15
+    assert took - dep.cleanup_seconds < params.serving.startup_timeout / 4
+    stalled = [c for c in failures(serve_step.checks(params, dep)) if c.check == "startup progress"]
+    assert [c.node for c in stalled] == ["spark-2"] and "spinning" in stalled[0].observed
     assert run(LAB, steps="08", out=tmp_path, report=False)["status"] == "passed"
     nothing_left(params, cluster)
 

@@ -2,7 +2,9 @@
 (tests/fixtures/logs/, each naming its source), on real DGX Spark logs (../shared/field-samples),
 02's and 05's use of the one table, and ``sparkbook diagnose``."""
 
+import dataclasses
 import io
+import re
 import textwrap
 from pathlib import Path
 
@@ -50,6 +52,65 @@ def test_every_signature_matches_its_real_log_lines(path):
     hit = signatures.first(fixture(path))
     assert hit is not None and hit.name == signature_of(path), (hit, path.name)
     assert hit.evidence and hit.cause and hit.remedy and hit.line >= 1
+
+
+def source_of(path: Path) -> str:
+    """A fixture's source as the table's ``written_from`` names it: ``owner/repo#N`` for a GitHub
+    issue or pull request, else the page's host and path."""
+    url = path.read_text().split("\n", 1)[0].removeprefix("# source: https://").strip()
+    if m := re.match(r"github\.com/([^/]+/[^/]+)/(?:issues|pull|discussions)/(\d+)", url):
+        return f"{m[1]}#{m[2]}"
+    return url.split("#")[0].rstrip("/")
+
+
+MINED = [p for p in FIXTURES if signatures.BY_NAME[signature_of(p)].written_from]
+# Signatures written from the one public log found (a second was searched for): the
+# leave-one-source-out test cannot hold them, so they are named here.
+ONE_SOURCE = {"gloo-bad-ifname", "pp-not-supported", "workerproc-init-failed"}
+
+
+def test_every_pattern_was_written_from_logs_it_matches():
+    """A pattern that names a log it was written from matches a line of that log (the record
+    cannot drift from the fixtures)."""
+    by_source = {}
+    for path in FIXTURES:
+        by_source.setdefault((signature_of(path), source_of(path)), []).append(fixture(path))
+    for sig in signatures.SIGNATURES:
+        for pattern, sources in zip(sig.patterns, sig.written_from):
+            assert sources, f"{sig.name}: {pattern.pattern!r} names no log it was written from"
+            for source in sources:
+                logs = by_source.get((sig.name, source))
+                assert logs, f"{sig.name}: no fixture from {source}"
+                lines = [signatures.clean(ln) for log in logs for ln in log.split("\n")]
+                assert any(pattern.search(ln) for ln in lines), (sig.name, pattern.pattern, source)
+
+
+@pytest.mark.parametrize("path", MINED, ids=lambda p: p.stem)
+def test_leave_one_source_out(path):
+    """Each public log is still named, by the right signature, when every pattern written only
+    from its own source is taken away: what names it was written from other threads' logs."""
+    name, source = signature_of(path), source_of(path)
+    sig = signatures.BY_NAME[name]
+    if name in ONE_SOURCE:
+        pytest.skip(f"{name} was written from one public log ({source}); no second was found")
+    kept = [(p, w) for p, w in zip(sig.patterns, sig.written_from) if set(w) - {source}]
+    assert kept, f"{name}: every pattern was written from {source} alone"
+    held_out = dataclasses.replace(sig, patterns=tuple(p for p, _ in kept), written_from=tuple(w for _, w in kept))
+    scan = signatures.Scan()
+    scan.table = [held_out if s.name == name else s for s in scan.table]
+    for line in fixture(path).split("\n"):
+        scan.feed(line)
+    found = scan.matches()
+    assert found and found[0].name == name, (source, [(m.name, m.evidence) for m in found])
+
+
+def test_the_mined_signatures_cover_every_family_with_two_sources_or_say_why_not():
+    sources = {}
+    for path in MINED:
+        sources.setdefault(signature_of(path), set()).add(source_of(path))
+    for name, found in sources.items():
+        assert len(found) >= 2 or name in ONE_SOURCE, f"{name}: written from {found} only"
+    assert ONE_SOURCE <= set(sources)
 
 
 @pytest.mark.parametrize("path", CLEAN, ids=lambda p: p.stem)

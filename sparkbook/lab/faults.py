@@ -17,6 +17,13 @@ Spark; `heal` undoes it. Applied faults are kept in lab.json.
                host firewall does; ping still passes
 - stall        vLLM's processes on the node frozen (SIGSTOP), as a rank hung in NCCL looks: apply
                it once vLLM starts (05); Ray's own daemons keep running
+- spin         vLLM's worker on the node busy-waits after its distributed initialisation, as a rank
+               spinning in a collective that never completes does: CPU used, no log line, no
+               compile (the lab image's worker reads a flag file in the node's Ray container:
+               plugin/lab_faults.py); apply it once 04 has started Ray, before 05
+- compile      vLLM's worker on the node compiles (g++, again and again) before its warm-up for
+               --seconds (default 90), logging nothing: a long first-boot compile that is work;
+               apply it once 04 has started Ray, before 05
 - stale        a process left from an earlier run on the node: named VLLM::EngineCore like vLLM's
                engine, holding memory, so the simulated nvidia-smi lists it as a GPU process
 - clock        the node's clock read 5 s ahead: a simulated `date` (simhw.py) on the node's PATH
@@ -83,6 +90,7 @@ class Site:
     rec: dict
     port: int | None = None  # port-busy, firewall: the port asked for
     rate: str = "200mbit"  # slow-link, fec
+    seconds: float = 90  # compile
 
     @property
     def ns(self) -> str:
@@ -235,6 +243,25 @@ def _unstall(s: Site) -> None:
     s.lab.node_sh(s.node, shlex.join(["kill", "-CONT", *map(str, s.rec["pids"])]) + " 2>/dev/null", check=False)
 
 
+def _worker_flag(name: str) -> tuple[Callable[[Site], None], Callable[[Site], None]]:
+    """A flag file the lab image's worker reads (plugin/lab_faults.py) in the node's Ray
+    container: ``spin`` holds nothing, ``compile`` the seconds to compile for."""
+    path = f"{WORKER_FLAGS}/{name}"
+
+    def make(s: Site) -> None:
+        container = plan(s.params).ray_container
+        content = f"{s.seconds:g}" if name == "compile" else ""
+        r = docker(s.node, "exec", container, "sh", "-c", 'mkdir -p "$1" && printf %s "$2" > "$3"', "sh",
+                   WORKER_FLAGS, content, path, check=False)
+        if r.returncode != 0:
+            raise LabError(f"{s.node.name}: no Ray container {container} to flag (apply `{name}` once 04 has "
+                           f"started Ray): {r.stderr.strip()[-200:]}")
+
+    def undo(s: Site) -> None:
+        docker(s.node, "exec", plan(s.params).ray_container, "rm", "-f", "--", path, check=False)
+    return make, undo
+
+
 def _cpu_quota(s: Site) -> None:
     s.rec["containers"] = {}  # each container's own limit kept, to give back
     p = plan(s.params)
@@ -292,6 +319,7 @@ def _slow_link(fec: bool) -> tuple[Callable[[Site], None], Callable[[Site], None
 # of requests sent before the fault); 0.15 aims at the 3-6x a throttled GPU shows.
 QUOTA_CPUS = 0.15
 UNLIMITED_CPUS = "0"  # `docker update --cpus 0` lifts the limit
+WORKER_FLAGS = "/tmp/sparkbook-lab-faults"  # plugin/lab_faults.py's FLAGS
 STALE_NAME = ENGINE_TITLE  # what the engine's process calls itself; nvidia-smi lists it so on a Spark
 # The power brake of a Spark whose USB-C power negotiation failed (the GB10 stuck at 500-850 MHz).
 THROTTLE = {"reasons": ["HW Slowdown", "HW Power Brake Slowdown"], "mhz": 513}
@@ -307,6 +335,8 @@ TABLE: dict[str, tuple[Callable[[Site], None], Callable[[Site], None]]] = {
     "model-drift": (_model_drift, _model_back),
     "slow-link": _slow_link(fec=False),
     "stall": (_stall, _unstall),
+    "spin": _worker_flag("spin"),
+    "compile": _worker_flag("compile"),
     "firewall": (_firewall("-I"), _firewall("-D")),
     "stale": (_stale, _stale_gone),
     "clock": _simulated("date", "clock_offset_s", 5.0),
@@ -322,7 +352,7 @@ TABLE: dict[str, tuple[Callable[[Site], None], Callable[[Site], None]]] = {
 
 
 def apply(lab: Lab, kind: str, node: str | None = None, port: int | None = None,
-          rate: str = "200mbit") -> dict:
+          rate: str = "200mbit", seconds: float = 90) -> dict:
     """Apply a fault; returns its record. Applying one that is already applied changes nothing."""
     if kind not in FAULTS:
         raise LabError(f"unknown fault {kind!r} (faults: {', '.join(FAULTS)})")
@@ -331,7 +361,7 @@ def apply(lab: Lab, kind: str, node: str | None = None, port: int | None = None,
         if f["kind"] == kind and f["node"] == target.name:
             return f
     rec: dict = {"kind": kind, "node": target.name}
-    TABLE[kind][0](Site(lab, target, rec, port, rate))
+    TABLE[kind][0](Site(lab, target, rec, port, rate, seconds))
     state = lab.state()
     state["faults"].append(rec)
     lab._save(state)

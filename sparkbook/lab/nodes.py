@@ -34,7 +34,7 @@ BASHRC = Path("/root/.bashrc")
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")  # ... and here: a boot ID of its own (see Lab._start_init)
 MAX_NODES = 32
 FAULTS = ("node-down", "mtu", "rail-down", "docker-down", "port-busy", "image-drift",
-          "model-drift", "slow-link", "stall", "firewall", "stale", "clock", "disk",
+          "model-drift", "slow-link", "stall", "spin", "compile", "firewall", "stale", "clock", "disk",
           "throttle", "fec", "cpu-quota", "dhcp", "twin", "mgmt-cut")
 SIMULATED_TOOLS = ("nvidia-smi", "ibdev2netdev", "ibstat", "ibv_devinfo", "ethtool", "show_gids")
 TEMPLATE = project_root() / "parameters" / "lab.yaml"

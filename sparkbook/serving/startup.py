@@ -2,9 +2,14 @@
 reached, and whether it still makes progress.
 
 A start-up that hangs (the reference deployment's NCCL initialisation hang) must be called in
-minutes, not at the 40-minute start-up limit. A node makes progress while its log grows or vLLM's
-workers on it use CPU (a long silent compile is work, not a stall; the API server and the engine
-poll while they wait, so theirs is not counted); when no node has made progress for
+minutes, not at the 40-minute start-up limit. A node makes progress while its log grows, while
+something compiles in its container (a first boot that builds kernels for 17 to 36 minutes with no
+log line is work), or while vLLM's workers on it use CPU (the API server and the engine poll while
+they wait, so theirs is not counted) unless that CPU is a spin: a rank that polls in a collective
+that never completes (NCCL busy-waits) burns CPU in its own threads with no log line and nothing
+compiling. Its own CPU without a compile is called a spin where no compile can be (the ranks
+connecting, before the weights) or where it is the only node at work (its peers idle: they wait
+on it, or it on them). When no node has made progress for
 ``serving.stall_timeout``, the start-up has stalled, in the phase the logs last reached.
 """
 
@@ -32,6 +37,10 @@ MIN_QUIET_READS = 3  # readings without progress that a stall needs, however lon
 _PHASE_RES = [(name, re.compile(pattern, re.I)) for name, pattern, _ in PHASES]
 ORDER = [name for name, *_ in PHASES]
 CAUSE = {name: cause for name, _, cause in PHASES}
+# The phase in which nothing compiles: the ranks connect (NCCL, gloo). vLLM builds kernels once
+# the weights load (torch.compile, the KV cache's profiling run, CUDA graphs); before it, a worker
+# still imports its modules (CPU and no log line for a while on a slow node).
+NO_COMPILE = {"distributed init"}
 
 
 def phase_of(lines: list[str], current: str = "") -> str:
@@ -55,6 +64,7 @@ class NodeProgress:
     cpu_s: float | None    # CPU seconds of vLLM's processes so far (None: not read)
     tail: list[str]        # the log's last lines
     stuck: int = 0         # of those processes, how many are stopped or in uninterruptible sleep
+    compile_s: float | None = None  # CPU seconds of compilers in the container so far (None: not read)
 
     @property
     def last_line(self) -> str:
@@ -82,19 +92,22 @@ def read_progress(params: Params, cluster: Cluster) -> dict[str, NodeProgress]:
     for n, r in cluster.run(cmd, params.serving_nodes, timeout=30).items():
         first, _, rest = r.stdout.partition("\n")
         sections = parse_sections(rest)
-        try:
-            cpu = float(sections.get("cpu", "").strip())
-        except ValueError:
-            cpu = None
         tail = [ln for ln in sections.get("tail", "").splitlines() if ln.strip()]
         stuck = sections.get("stuck", "").strip()
-        out[n] = NodeProgress(describe_state(first if r.stdout else "?"), cpu, tail,
-                              int(stuck) if stuck.isdecimal() else 0)
+        out[n] = NodeProgress(describe_state(first if r.stdout else "?"), _seconds(sections, "cpu"), tail,
+                              int(stuck) if stuck.isdecimal() else 0, _seconds(sections, "compile"))
     if params.serving.executor == "ray":
         attribute_ray_lines(params, out)
     return out
 
 
+
+
+def _seconds(sections: dict[str, str], name: str) -> float | None:
+    try:
+        return float(sections.get(name, "").strip())
+    except ValueError:
+        return None
 
 
 def attribute_ray_lines(params: Params, readings: dict[str, NodeProgress]) -> None:
@@ -136,16 +149,22 @@ class Stall:
     held: bool = False  # the node's vLLM processes were stopped or in uninterruptible sleep (the last readings)
     every_s: float = 0.0  # seconds between two readings in the quiet span, on average: how late a
     # stall can be called (the reading after the last progress, then the one past the timeout)
+    spinning: bool = False  # the node's vLLM workers used CPU, but no log line and no compile (the last readings)
 
     @property
     def summary(self) -> str:
         """``stalled in phase 'weights': no new log line and no CPU used by vLLM on any node for
         62 s; spark-2 is furthest behind``."""
-        return (f"stalled in phase '{self.phase or 'start'}': no new log line and no CPU used by vLLM "
-                f"on any node for {self.quiet_s:.0f} s ({self.readings} readings, one every "
-                f"{self.every_s:.0f} s); "
-                + (f"{self.node}'s vLLM processes are stopped or in uninterruptible sleep (state T or "
-                   "D)" if self.held else f"{self.node} is furthest behind"))
+        if self.held:
+            who = f"{self.node}'s vLLM processes are stopped or in uninterruptible sleep (state T or D)"
+        elif self.spinning:
+            who = (f"{self.node}'s vLLM workers are spinning: using CPU in their own threads with no log "
+                   "line and nothing compiling, as a rank polling in a collective that never completes")
+        else:
+            who = f"{self.node} is furthest behind"
+        return (f"stalled in phase '{self.phase or 'start'}': no new log line, no compile and no CPU used "
+                f"by vLLM but spinning on any node for {self.quiet_s:.0f} s ({self.readings} readings, one "
+                f"every {self.every_s:.0f} s); {who}")
 
 
 @dataclass
@@ -159,25 +178,38 @@ class StallWatch:
     _seen: dict[str, float] = field(default_factory=dict)
     _ticked: dict[str, float] = field(default_factory=dict)  # when its vLLM last used any CPU at all
     _stuck: dict[str, int] = field(default_factory=dict)  # readings in a row with a process held
+    _compile: dict[str, float] = field(default_factory=dict)
+    _spins: dict[str, int] = field(default_factory=dict)  # readings in a row spinning
     _quiet_reads: int = 0  # readings since the last progress of any node
 
     def update(self, readings: dict[str, NodeProgress], now: float | None = None) -> Stall | None:
         now = time.monotonic() if now is None else now
+        busy, compiling, moved = {}, {}, set()
         for node, p in readings.items():
             self.phases[node] = phase_of(p.tail, self.phases.get(node, ""))
             if node not in self._moved:
                 self._moved[node] = now
-            busy = (p.cpu_s is not None and node in self._cpu and
-                    p.cpu_s - self._cpu[node] > BUSY_CPU * (now - self._seen[node]))
+            busy[node] = self._rate(self._cpu, node, p.cpu_s, now)
+            compiling[node] = self._rate(self._compile, node, p.compile_s, now)
             working = [ln for ln in p.tail if not WAITING.search(ln)]
-            if busy or working != self._tail.get(node, working):
-                self._moved[node] = now
+            if working != self._tail.get(node, working):
+                moved.add(node)
             if p.cpu_s is not None:
                 if p.cpu_s != self._cpu.get(node):
                     self._ticked[node] = now
                 self._cpu[node] = p.cpu_s
+            if p.compile_s is not None:
+                self._compile[node] = p.compile_s
             self._tail[node], self._seen[node] = working, now
             self._stuck[node] = self._stuck.get(node, 0) + 1 if p.stuck else 0
+        for node in readings:
+            peers = [n for n in readings if n != node]
+            spinning = (busy[node] and not compiling[node] and node not in moved and
+                        (self.phases[node] in NO_COMPILE or
+                         bool(peers) and not any(busy[n] or compiling[n] for n in peers)))
+            self._spins[node] = self._spins.get(node, 0) + 1 if spinning else 0
+            if node in moved or compiling[node] or busy[node] and not spinning:
+                self._moved[node] = now
         last = max(self._moved.values(), default=now)
         self._quiet_reads = 0 if last == now else self._quiet_reads + 1
         # a stall is seen, not inferred from one late reading: this machine may have been too
@@ -193,9 +225,17 @@ class StallWatch:
         # first.
         rank = {n: ORDER.index(ph) if ph else -1 for n, ph in self.phases.items()}
         held = {n for n, reads in self._stuck.items() if reads >= MIN_QUIET_READS}
-        behind = min(self._moved, key=lambda n: (n not in held, rank.get(n, -1),
+        spinning = {n for n, reads in self._spins.items() if reads >= MIN_QUIET_READS}
+        behind = min(self._moved, key=lambda n: (n not in held, n not in spinning, rank.get(n, -1),
                                                  self._ticked.get(n, self._moved[n]), self._moved[n]))
         ahead = max(self.phases.values(), key=lambda ph: ORDER.index(ph) if ph else -1)
         phase = self.phases.get(behind) or ahead
         return Stall(behind, phase, now - last, readings[behind].last_line, likely_cause(phase),
-                     self._quiet_reads, behind in held, (now - last) / self._quiet_reads)
+                     self._quiet_reads, behind in held, (now - last) / self._quiet_reads,
+                     behind not in held and behind in spinning)
+
+    def _rate(self, totals: dict[str, float], node: str, seconds: float | None, now: float) -> bool:
+        """Whether ``seconds`` (a running total of CPU) grew by more than BUSY_CPU per second of
+        wall time since the node's last reading."""
+        return (seconds is not None and node in totals and
+                seconds - totals[node] > BUSY_CPU * (now - self._seen[node]))

