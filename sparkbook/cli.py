@@ -134,14 +134,18 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
             text_out, below = nccltests.report(run, source, *_nccl_bars(args))
             if not args.json:
                 print(text_out)
-        hits, lines = log.matches, log.lines
+        hits, lines, reached = log.matches, log.lines, log.reached
         found += below + len(hits)
         if args.json:
             reports.append({"log": source, "lines": lines, "findings": [h.to_json() for h in hits],
-                            **({"nccl_tests_below_bar": below} if run else {})})
+                            "engine": reached.engine, "phase_reached": reached.phase,
+                            "phase_line": reached.line, **({"nccl_tests_below_bar": below} if run else {})})
             continue
         print(f"{source}: " + (f"{len(hits)} known failure(s)" if hits else
                                f"no known failure ({lines} lines read)"))
+        if reached.phase:
+            print(f"  {reached.engine} start-up reached '{reached.phase}' at line {reached.line}: "
+                  f"{reached.text[:120]}")
         for h in hits:
             print(f"  {h.name} at {h.where}" + (f" ({h.count} lines)" if h.count > 1 else "")
                   + (f", start-up phase: {h.phase}" if h.phase != "any" else "")

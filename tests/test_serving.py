@@ -433,7 +433,8 @@ def test_a_rank_spinning_while_its_peer_waits_is_a_stall_and_a_compile_is_not():
         if stall:
             break
     assert stall is not None and t <= 35 and stall.node == "b" and stall.spinning and not stall.held
-    assert stall.phase == "distributed init"
+    assert stall.phase == "distributed init" and stall.cause.startswith("a rank spinning")
+    assert "NCCL/gloo initialisation" in stall.cause  # and the phase's own cause
     assert "b's vLLM workers are spinning: using CPU in their own threads" in stall.summary
     # the same in a phase that compiles, with the compile in b's compilers (g++, ptxas, nvcc): work
     weights = ["Loading weights took 3 s", "Available KV cache memory: 1 GiB"]

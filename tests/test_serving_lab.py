@@ -284,7 +284,7 @@ def test_a_rank_spinning_without_progress_is_a_stall_and_a_long_compile_is_not(l
     A worker that compiles (g++, again and again) for 75 s after its weights, logging nothing, is
     work: vLLM becomes ready. A worker that spins after its distributed initialisation (CPU used,
     no log line, nothing compiling; its peer idle) is called a stall within the timeout, named
-    spinning, in 'distributed init'; nothing is left running."""
+    spinning, with the spin's cause (not the phase's: Ray placed it); nothing is left running."""
     params = _serve_quickly_stalled(params, cluster, tmp_path)
     faults.apply(lab, "compile", "spark-2", seconds=75)
     try:
@@ -307,7 +307,9 @@ def test_a_rank_spinning_without_progress_is_a_stall_and_a_long_compile_is_not(l
     took = time.monotonic() - t0
     print(f"spin fault: stall called {took - dep.cleanup_seconds:.0f} s after the start; {dep.seen}")
     assert not dep.ready and dep.stall is not None, dep.seen
-    assert dep.stall.node == "spark-2" and dep.stall.spinning and dep.stall.phase == "distributed init", dep.stall
+    # the lab's vLLM 0.32 logs no line of the worker's own after its placement by Ray
+    assert dep.stall.node == "spark-2" and dep.stall.spinning and dep.stall.phase in ("ray", "distributed init")
+    assert "a rank spinning" in dep.stall.cause and "could not place" not in dep.stall.cause, dep.stall
     assert params.serving.stall_timeout <= dep.stall.quiet_s < params.serving.stall_timeout + 15
     assert took - dep.cleanup_seconds < params.serving.startup_timeout / 4
     stalled = [c for c in failures(serve_step.checks(params, dep)) if c.check == "startup progress"]

@@ -18,18 +18,28 @@ ORDER = [
     # the container and the platform: they fail before anything else runs
     "entrypoint-swallowed-command", "command-not-in-image", "no-gpu-in-container", "gpu-arch-unsupported",
     "nnodes-world-size", "port-in-use", "hf-gated-model", "model-not-found", "unsupported-architecture",
-    # resources
-    "free-memory-at-startup", "kv-cache-too-small", "rdma-memlock", "ray-oom-killer", "disk-full",
-    "out-of-memory",
-    # Ray, the fabric and the collectives over it
-    "ray-gcs-unreachable", "ray-version-mismatch", "ray-node-dead", "nccl-no-interface", "nccl-timeout",
-    "nccl-error", "rendezvous-unreachable", "ray-placement-group", "tp-exceeds-gpus",
-    "ray-unsupported-platform", "attention-unsupported",
+    # the engine's configuration, where a line names the setting (before config-rejected, which
+    # names any refused setting, and unrecognized-arguments)
+    "max-model-len-exceeds", "pp-not-supported", "quant-unsupported-gpu", "parser-unknown",
+    # resources (/dev/shm before a full disk: both say "No space left on device")
+    "free-memory-at-startup", "kv-cache-too-small", "sglang-memory-unbalanced", "rdma-memlock",
+    "shm-too-small", "ray-oom-killer", "disk-full", "out-of-memory",
+    # Ray, the fabric and the collectives over it: a cause NCCL names in its WARN line before the
+    # error (and the timeout) that follows it
+    "ray-gcs-unreachable", "ray-version-mismatch", "ray-node-dead", "ray-worker-died", "ray-driver-not-a-node",
+    "nccl-no-interface", "nccl-peer-unreachable", "rdma-not-in-container", "ib-qp-connect-failed",
+    "ib-completion-error", "nccl-duplicate-gpu", "nccl-version-mismatch", "nccl-cuda-unsupported-op",
+    "gloo-loopback-address", "gloo-bad-ifname", "nccl-timeout", "sglang-watchdog-timeout", "nccl-error",
+    "rendezvous-unreachable", "ray-placement-group", "tp-exceeds-gpus", "ray-unsupported-platform",
+    "attention-unsupported",
     # hangs: each counts only as the last thing a log says
-    "cross-node-init-hang", "cuda-graph-hang",
-    # the engine's configuration
+    "cross-node-init-hang", "cuda-graph-hang", "shm-broadcast-stall",
+    # the engine's configuration, any setting
     "unrecognized-arguments", "config-rejected",
+    # wrappers: the engine failed, the cause is above
+    "engine-failed-see-above",
 ]
-_ALL = {s.name: s for kind in (container, resources, fabric, engine) for s in kind.SIGNATURES}
+_ALL = {s.name: s for kind in (container, resources, fabric, engine)
+        for s in kind.SIGNATURES + getattr(kind, "FIELD", [])}
 SIGNATURES: list[Signature] = [_ALL[name] for name in ORDER]
 assert len(ORDER) == len(set(ORDER)) and set(ORDER) == set(_ALL), set(ORDER) ^ set(_ALL)

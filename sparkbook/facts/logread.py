@@ -3,7 +3,7 @@
 that are not UTF-8 replaced. ``sparkbook diagnose`` reads its files through it, and 05 the logs it
 collected, so that a log of any size (or a binary file given by mistake) costs the same memory.
 
-Standard library and sparkbook.facts.signatures only, like signatures itself.
+Standard library and sparkbook.facts (signatures, phases) only, like signatures itself.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import IO, Iterator
 
-from .signatures import LINE_WIDTH, Match, Scan
+from .phases import PhaseScan, Reached
+from .signatures import LINE_WIDTH, Match, Scan, clean
 
 # The lines an nccl-tests output is read from (sparkbook.collectives.nccltests.parse): its '#' lines (the
 # header, the ranks, the average), its name (all_reduce_perf) and its rows (size, count, ...),
@@ -46,21 +47,24 @@ def file_lines(path: str | os.PathLike) -> Iterator[str]:
 @dataclass
 class Read:
     """A log read for ``sparkbook diagnose``: the known failures it names, how many lines it has,
-    and the lines of an nccl-tests table it may hold (for nccltests.parse)."""
+    the lines of an nccl-tests table it may hold (for nccltests.parse), and the engine that wrote
+    it with the phase of its start-up it reached."""
     matches: list[Match]
     lines: int
     table: str
+    reached: Reached
 
 
 def read(name: str, source: str = "") -> Read:
     """Read the log file ``name`` (``-`` for stdin) once; an OSError says it cannot be read."""
-    scan, table, kept = Scan(source=source or name), [], 0
+    scan, phases, table, kept = Scan(source=source or name), PhaseScan(), [], 0
     stdin = getattr(sys.stdin, "buffer", sys.stdin)
     with open(name, "rb") if name != "-" else nullcontext(stdin) as f:
         for line in read_lines(f):
             scan.feed(line)
+            phases.feed(clean(line))
             if kept < TABLE_CHARS and ("#" in line or "_perf" in line or _TABLE_LINE.match(line)):
                 table.append(line)
                 kept += len(line) + 1
-    return Read(scan.matches(), scan.lines, "\n".join(table))
+    return Read(scan.matches(), scan.lines, "\n".join(table), phases.reached)
 

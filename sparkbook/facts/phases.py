@@ -41,9 +41,9 @@ SGLANG: list[tuple[str, str]] = [
     ("api", r"Capture cuda graph end|Uvicorn running on|The server is fired up and ready to roll"),
 ]
 ENGINES = {"vllm": VLLM, "sglang": SGLANG}
-# Lines that only one engine writes: its name in a path or a process, or its own phase lines.
-_ENGINE_OF = [("sglang", re.compile(r"sglang|SGLang|Init torch distributed begin|Load weight begin|"
-                                    r"The server is fired up|\[[\d: -]+ TP\d+")),
+# Lines that only one engine writes: its name in a path or a process, its rank prefix
+# ("[2025-10-16 09:06:22 TP5]"), or its own phase lines.
+_ENGINE_OF = [("sglang", re.compile(r"sglang|SGLang|\[[\d: -]+ TP\d+|" + "|".join(p for _, p in SGLANG))),
               ("vllm", re.compile(r"vllm|vLLM|VLLM|EngineCore|RayWorkerWrapper"))]
 
 

@@ -57,6 +57,14 @@ def likely_cause(phase: str) -> str:
     return CAUSE.get(phase, START_CAUSE)
 
 
+# A spinning rank has been placed and runs: the cause of its phase, where its log says one past
+# Ray's placement, follows this.
+SPIN_CAUSE = ("a rank spinning: its vLLM workers used CPU with no log line and nothing compiling, as one "
+              "polling in a collective that never completes does (NCCL busy-waits); see where its threads "
+              "are with `py-spy dump --pid PID` in its container (where the image has py-spy), and run "
+              "02_collectives.ipynb with the serving image")
+
+
 @dataclass
 class NodeProgress:
     """One reading of one node."""
@@ -153,8 +161,8 @@ class Stall:
 
     @property
     def summary(self) -> str:
-        """``stalled in phase 'weights': no new log line and no CPU used by vLLM on any node for
-        62 s; spark-2 is furthest behind``."""
+        """``stalled in phase 'weights': no node logged a line, compiled or worked in vLLM's workers
+        (a spin is no work) for 62 s (...); spark-2 is furthest behind``."""
         if self.held:
             who = f"{self.node}'s vLLM processes are stopped or in uninterruptible sleep (state T or D)"
         elif self.spinning:
@@ -162,8 +170,8 @@ class Stall:
                    "line and nothing compiling, as a rank polling in a collective that never completes")
         else:
             who = f"{self.node} is furthest behind"
-        return (f"stalled in phase '{self.phase or 'start'}': no new log line, no compile and no CPU used "
-                f"by vLLM but spinning on any node for {self.quiet_s:.0f} s ({self.readings} readings, one "
+        return (f"stalled in phase '{self.phase or 'start'}': no node logged a line, compiled or worked in "
+                f"vLLM's workers (a spin is no work) for {self.quiet_s:.0f} s ({self.readings} readings, one "
                 f"every {self.every_s:.0f} s); {who}")
 
 
@@ -230,9 +238,12 @@ class StallWatch:
                                                  self._ticked.get(n, self._moved[n]), self._moved[n]))
         ahead = max(self.phases.values(), key=lambda ph: ORDER.index(ph) if ph else -1)
         phase = self.phases.get(behind) or ahead
-        return Stall(behind, phase, now - last, readings[behind].last_line, likely_cause(phase),
-                     self._quiet_reads, behind in held, (now - last) / self._quiet_reads,
-                     behind not in held and behind in spinning)
+        spins = behind not in held and behind in spinning
+        cause = likely_cause(phase)
+        if spins:
+            cause = SPIN_CAUSE + (f"; {cause}" if phase not in ("", "ray") else "")
+        return Stall(behind, phase, now - last, readings[behind].last_line, cause, self._quiet_reads,
+                     behind in held, (now - last) / self._quiet_reads, spins)
 
     def _rate(self, totals: dict[str, float], node: str, seconds: float | None, now: float) -> bool:
         """Whether ``seconds`` (a running total of CPU) grew by more than BUSY_CPU per second of

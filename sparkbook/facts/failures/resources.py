@@ -6,7 +6,7 @@ Standard library only.
 
 from __future__ import annotations
 
-from .kinds import ALL_STEPS, SERVING, sig
+from .kinds import ALL_STEPS, NCCL_DETAIL, SERVING, sig
 
 SIGNATURES = [
     sig("free-memory-at-startup",
@@ -56,4 +56,20 @@ SIGNATURES = [
         "processes and drop the page cache (`sync; echo 3 | sudo tee /proc/sys/vm/drop_caches`)",
         steps=ALL_STEPS,
         reason="resource", fix="setting"),
+]
+
+# Mined from public threads (2026-12-06), as fabric.FIELD.
+FIELD = [
+    sig("shm-too-small",
+        [(r"Error while creating shared memory segment", "pytorch/ci-infra#490", "hiyouga/LlamaFactory#7233",
+          "kserve/kserve#3791", "NVIDIA/nccl#342"),
+         (r"failed to extend /dev/shm/", "pytorch/ci-infra#490", "kserve/kserve#3791"),
+         (r"unable to write to file </torch_", "idiap/ESLAM#20", "pangeo-data/pangeo-docker-images#258"),
+         (r"insufficient shared memory \(shm\)", "pangeo-data/pangeo-docker-images#258"),
+         (r"SemLock\(.{0,200}No space left on device", "OptimalScale/LMFlow#160")],
+        "the container's /dev/shm is too small (Docker gives 64 MB unless told otherwise) for NCCL's "
+        "shared-memory transport, torch's shared tensors or vLLM's broadcast buffers: the disk is not full",
+        "run the containers with `--ipc=host` or a large `--shm-size` (`df -h /dev/shm` inside one shows "
+        "the limit)",
+        phase="distributed init", steps=ALL_STEPS, detail=NCCL_DETAIL, reason="resource", fix="setting"),
 ]
