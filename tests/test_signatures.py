@@ -126,6 +126,20 @@ def test_lines_that_look_alike_but_are_not_failures_name_nothing(path):
     assert signatures.match(fixture(path)) == []
 
 
+def test_a_failed_pull_is_the_registrys_refusal_and_ptxas_is_tritons_not_the_images():
+    """Docker's "Unable to find image ... locally" comes before every first pull (it names nothing:
+    clean-image-not-found-locally-1); where the pull then fails, the evidence is the registry's
+    refusal. Triton's ptxas that does not know sm_121a is named with its own remedy, not as an
+    image built for another GPU. (PyTorch's warning on every Spark that GB10's capability 12.1 is
+    above its 12.0, and compose's pull Warning for an image it then builds, are clean-* logs.)"""
+    found = signatures.match(fixture(LOGS / "image-not-available-1.txt"))
+    assert [(m.name, m.count) for m in found] == [("image-not-available", 1)]
+    assert "pull access denied" in found[0].evidence and "locally" not in found[0].evidence
+    for n in (1, 2, 4):
+        found = signatures.match(fixture(LOGS / f"triton-ptxas-arch-{n}.txt"))
+        assert [m.name for m in found] == ["triton-ptxas-arch"] and "TRITON_PTXAS_PATH" in found[0].remedy
+
+
 def test_real_dgx_spark_logs():
     hit = signatures.first(field_sample("vllm-error-ray-channel-timeout-1.txt"))
     assert hit.name == "nccl-timeout" and "RayChannelTimeoutError" in hit.evidence

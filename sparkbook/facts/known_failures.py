@@ -11,13 +11,22 @@ Standard library only.
 
 from __future__ import annotations
 
-from .failures import container, engine, fabric, resources
+from .failures import container, engine, fabric, platform, resources
 from .failures.kinds import ALL_STEPS, FIXES, PHASES, PROGRESS, REASONS, SERVING, Signature  # noqa: F401
 
 ORDER = [
     # the container and the platform: they fail before anything else runs
-    "entrypoint-swallowed-command", "command-not-in-image", "no-gpu-in-container", "gpu-arch-unsupported",
-    "nnodes-world-size", "port-in-use", "hf-gated-model", "model-not-found", "unsupported-architecture",
+    "entrypoint-swallowed-command", "command-not-in-image",
+    # ... Docker, the image, the NVIDIA runtime and driver under it (platform.py)
+    "docker-socket-permission", "image-not-available", "image-wrong-architecture", "nvidia-runtime-missing",
+    "container-toolkit-broken", "nvml-driver-mismatch", "cuda-driver-too-old", "cuda-runtime-lib-missing",
+    "no-gpu-in-container",
+    # ... kernels for the GPU: Triton's ptxas before the family it belongs to
+    "triton-ptxas-arch", "gpu-arch-unsupported", "flashinfer-no-arch", "quant-kernel-unsupported",
+    "nnodes-world-size", "port-in-use",
+    # ... the model's files and the Hub: before the gated, missing-model and disk signatures
+    "hf-transfer-missing", "hf-transfer-failed", "hf-offline-not-cached", "hf-download-size-mismatch",
+    "safetensors-corrupt", "hf-gated-model", "model-not-found", "unsupported-architecture",
     # the engine's configuration, where a line names the setting (before config-rejected, which
     # names any refused setting, and unrecognized-arguments)
     "max-model-len-exceeds", "pp-not-supported", "quant-unsupported-gpu", "parser-unknown",
@@ -39,7 +48,6 @@ ORDER = [
     # wrappers: the engine failed, the cause is above
     "engine-failed-see-above",
 ]
-_ALL = {s.name: s for kind in (container, resources, fabric, engine)
-        for s in kind.SIGNATURES + getattr(kind, "FIELD", [])}
+_ALL = {s.name: s for kind in (container, platform, resources, fabric, engine) for s in kind.SIGNATURES}
 SIGNATURES: list[Signature] = [_ALL[name] for name in ORDER]
 assert len(ORDER) == len(set(ORDER)) and set(ORDER) == set(_ALL), set(ORDER) ^ set(_ALL)

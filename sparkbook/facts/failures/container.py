@@ -45,7 +45,7 @@ SIGNATURES = [
     sig("gpu-arch-unsupported",
         [r"no kernel image is available for execution on the device",
          r"with CUDA capability sm_\d\w* is not compatible with the current PyTorch installation",
-         r"Value 'sm_\d\w*' is not defined for option 'gpu-name'"],
+         r"cudaErrorNoKernelImageForDevice"],
         "the image's PyTorch or kernels were not built for this GPU (GB10 is sm_121: it needs a "
         "CUDA 12.9+/13 build with Blackwell kernels)",
         "use an image built for the GPU (for DGX Spark one built for sm_121, e.g. NVIDIA's vLLM "
@@ -60,7 +60,9 @@ SIGNATURES = [
         reason="resource", fix="setting"),
     sig("hf-gated-model",
         [r"GatedRepoError", r"Cannot access gated repo", r"You are trying to access a gated repo",
-         r"Access to model \S+ is restricted"],
+         r"Access to model \S+ is restricted",
+         # the HTTP error before GatedRepoError (a 401 is not this: a wrong repo id or token gets it)
+         r"403 Client Error: Forbidden for url: https://huggingface\.co/"],
         "the model is gated on the Hugging Face Hub and the container had no token with access to it",
         "accept the model's terms on its Hub page and give the containers a token with access "
         "(HF_TOKEN; 01_preflight.ipynb checks it), or serve a local copy (model.path)", phase="config"),

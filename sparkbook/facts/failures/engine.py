@@ -94,8 +94,8 @@ SIGNATURES = [
         phase="config"),
 ]
 
-# Mined from public threads (2026-12-06), as fabric.FIELD.
-FIELD = [
+# Mined from public threads (2026-12-06), as in fabric.py.
+SIGNATURES += [
     sig("ray-worker-died",
         [(r"RayWorkerProc rank=\[[^\]]{0,40}\] died unexpectedly", "eugr/spark-vllm-docker#257"),
          (r"A worker died or was killed while executing a task", "eugr/spark-vllm-docker#257",

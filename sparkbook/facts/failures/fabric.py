@@ -83,7 +83,7 @@ SIGNATURES = [
 
 # Mined from public threads (2026-12-06): each pattern names the logs it was written from, which
 # are in tests/fixtures/logs/ under the signature's name.
-FIELD = [
+SIGNATURES += [
     sig("ib-completion-error",
         [(r"NET/IB\w* ?: Got completion (?:from peer \S+ )?with (?:status=|error )",
           "NVIDIA/nccl#1405", "NVIDIA/nccl#426", "NVIDIA/nccl-tests#252", "NVIDIA/nccl#1710",

@@ -58,8 +58,8 @@ SIGNATURES = [
         reason="resource", fix="setting"),
 ]
 
-# Mined from public threads (2026-12-06), as fabric.FIELD.
-FIELD = [
+# Mined from public threads (2026-12-06), as in fabric.py.
+SIGNATURES += [
     sig("shm-too-small",
         [(r"Error while creating shared memory segment", "pytorch/ci-infra#490", "hiyouga/LlamaFactory#7233",
           "kserve/kserve#3791", "NVIDIA/nccl#342"),
