@@ -265,6 +265,8 @@ def test_a_rank_that_hangs_is_called_a_stall_within_stall_timeout(lab, params, c
     stalled = [c for c in failures(serve_step.checks(params, dep)) if c.check == "startup progress"]
     assert [c.node for c in stalled] == ["spark-2"], serve_step.checks(params, dep)
     assert "stalled in phase" in stalled[0].observed and stalled[0].remedy
+    print(f"where the frozen rank was: {dep.stall.where}")
+    assert "busiest thread" in dep.stall.where  # its threads read even while it is stopped
     assert (tmp_path / "logs" / "spark-1" / "vllm-serve.log").stat().st_size > 0
     assert run(LAB, steps="08", out=tmp_path, report=False)["status"] == "passed"
     nothing_left(params, cluster)
@@ -310,6 +312,9 @@ def test_a_rank_spinning_without_progress_is_a_stall_and_a_long_compile_is_not(l
     # the lab's vLLM 0.32 logs no line of the worker's own after its placement by Ray
     assert dep.stall.node == "spark-2" and dep.stall.spinning and dep.stall.phase in ("ray", "distributed init")
     assert "a rank spinning" in dep.stall.cause and "could not place" not in dep.stall.cause, dep.stall
+    # where it spun: its busiest thread, and the Python frame py-spy (fetched, copied in) read
+    assert "busiest thread" in dep.stall.where and "spin_while_flagged" in dep.stall.where, dep.stall.where
+    assert (tmp_path / "spin" / "logs" / "spark-2" / "worker-stacks.txt").is_file()
     assert params.serving.stall_timeout <= dep.stall.quiet_s < params.serving.stall_timeout + 15
     assert took - dep.cleanup_seconds < params.serving.startup_timeout / 4
     stalled = [c for c in failures(serve_step.checks(params, dep)) if c.check == "startup progress"]

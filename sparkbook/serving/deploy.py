@@ -32,6 +32,7 @@ from .logs import Diagnosis, collect_logs, diagnose
 from .plan import plan
 from .ran import what_ran
 from .ray import ray_nodes
+from . import stacks
 from .startup import ORDER, Stall, StallWatch, read_progress
 from .state import NodeState, node_states, port_conflicts, refuse_over_service, remove, require_image, start
 from .vllm import ENGINE_PATTERN, HEALTH, SERVE_PATTERN
@@ -118,6 +119,8 @@ def serve(params: Params, cluster: Cluster, run_dir: Path, say: Callable[[str], 
     finally:
         if not dep.ready:
             t1 = time.monotonic()
+            if dep.stall:  # before anything is stopped: where its workers are
+                dep.stall.where = stacks.where(params, cluster, dep.stall.node, run_dir)
             dep.diagnosis = diagnose(params, cluster, run_dir)
             dep.logs = {n.name: str(run_dir / "logs" / n.name) for n in params.nodes}
             say("not ready: logs of every node saved; stopping what was started")

@@ -158,6 +158,7 @@ class Stall:
     every_s: float = 0.0  # seconds between two readings in the quiet span, on average: how late a
     # stall can be called (the reading after the last progress, then the one past the timeout)
     spinning: bool = False  # the node's vLLM workers used CPU, but no log line and no compile (the last readings)
+    where: str = ""  # where its workers' threads were when it was called (serving/stacks.py)
 
     @property
     def summary(self) -> str:
@@ -172,7 +173,7 @@ class Stall:
             who = f"{self.node} is furthest behind"
         return (f"stalled in phase '{self.phase or 'start'}': no node logged a line, compiled or worked in "
                 f"vLLM's workers (a spin is no work) for {self.quiet_s:.0f} s ({self.readings} readings, one "
-                f"every {self.every_s:.0f} s); {who}")
+                f"every {self.every_s:.0f} s); {who}" + (f"; {self.where}" if self.where else ""))
 
 
 @dataclass
