@@ -46,6 +46,16 @@ def program(cmd, image):
     return [cmd[cmd.index("--entrypoint") + 1], *cmd[cmd.index(image) + 1:]]
 
 
+def test_runtime_ptrace_lets_py_spy_read_the_workers_and_is_off_by_default():
+    p = load(PAIR)
+    traced = p.model_copy(update={"runtime": p.runtime.model_copy(update={"ptrace": True})})
+    for ray in (True, False):
+        cmd = commands.container_command(traced, traced.head, ray)
+        assert shlex.join(["--cap-add", "SYS_PTRACE"]) in command_line(cmd)
+        # a restart when it changes: the container's fingerprint holds its command
+        assert commands.fingerprint(traced, traced.head, ray) != commands.fingerprint(p, p.head, ray)
+
+
 def failures(checks):
     return [c for c in checks if c.status == FAIL]
 
@@ -58,7 +68,7 @@ def test_spark_pair_containers_have_what_multi_node_serving_needs():
         for flags in (["--network", "host"], ["--ipc", "host"], ["--gpus", "all"], ["--shm-size", "16g"],
                       ["--ulimit", "memlock=-1"], ["--device", "/dev/infiniband"], ["--cap-add", "IPC_LOCK"]):
             assert shlex.join(flags) in text, flags
-        assert "--privileged" not in cmd
+        assert "--privileged" not in cmd and "SYS_PTRACE" not in cmd
         assert f"{p.model.path}:{p.model.path}:ro" in cmd
         env = env_of(cmd)
         assert env["VLLM_HOST_IP"] == ip

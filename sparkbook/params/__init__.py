@@ -103,6 +103,9 @@ class Runtime(Section):
     shm_size: str = Field("16g", pattern=r"^[0-9]{1,15}[bkmgBKMG]?$")
     privileged: bool = False
     rdma: bool = Field(True, description="give containers the RDMA devices (/dev/infiniband, IPC_LOCK)")
+    ptrace: bool = Field(False, description="give containers SYS_PTRACE, so that a stalled start-up's "
+                         "sample reads vLLM's workers' Python stacks with py-spy where the host's Yama "
+                         "restricts ptrace (Ubuntu's default); without it the sample has their threads only")
     docker_root: AbsolutePath | None = Field(None, description="Docker data root, for the disk check")
     hf_cache: MountPath | None = Field(None, description="Hugging Face cache on every node, mounted "
                                        "into the serving container (absolute path)")

@@ -89,6 +89,8 @@ def docker_run(params: Params, node: Node, name: str, command: Sequence[str], *,
         args += ["--privileged", "--ulimit", "memlock=-1"]
     elif rt.rdma:  # RDMA registers (pins) memory: unlimited memlock and the verbs devices
         args += ["--ulimit", "memlock=-1", "--device", "/dev/infiniband", "--cap-add", "IPC_LOCK"]
+    if rt.ptrace and not rt.privileged:
+        args += ["--cap-add", "SYS_PTRACE"]
     for m in mounts:
         args += ["-v", m]
     for k, v in {**fabric_env(params, node), **(env or {})}.items():

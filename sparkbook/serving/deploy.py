@@ -121,6 +121,7 @@ def serve(params: Params, cluster: Cluster, run_dir: Path, say: Callable[[str], 
             t1 = time.monotonic()
             if dep.stall:  # before anything is stopped: where its workers are
                 dep.stall.where = stacks.where(params, cluster, dep.stall.node, run_dir)
+                dep.seen = dep.stall.summary
             dep.diagnosis = diagnose(params, cluster, run_dir)
             dep.logs = {n.name: str(run_dir / "logs" / n.name) for n in params.nodes}
             say("not ready: logs of every node saved; stopping what was started")
