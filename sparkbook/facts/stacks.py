@@ -21,7 +21,7 @@ STACK_PHASES: list[tuple[str, re.Pattern]] = [(name, re.compile(pattern)) for na
     ("distributed init", r"init_process_group|init_distributed_environment|initialize_model_parallel|"
                          r"init_model_parallel_group|new_group|PyNcclCommunicator\.__init__|rendezvous|TCPStore"),
     ("compile", r"torch/_inductor/|torch/_dynamo/|triton/compiler/|triton/runtime/(?:autotuner|build)|"
-                r"flashinfer/jit/|deep_gemm/|compile_worker|subprocess\.py.{0,40}communicate"),
+                r"flashinfer/jit/|deep_gemm/|compile_worker"),
     ("graph capture", r"capture_model|[Cc]uda_?[Gg]raph|graph_capture|CUDAGraph"),
     ("weights", r"load_weights|safetensors|model_loader|weight_loader"),
     ("kv cache", r"allocate_kv_cache|initialize_kv_cache|determine_available_memory|profile_run"),

@@ -60,9 +60,9 @@ def likely_cause(phase: str) -> str:
 # A spinning rank has been placed and runs: the cause of its phase, where its log says one past
 # Ray's placement, follows this.
 SPIN_CAUSE = ("a rank spinning: its vLLM workers used CPU with no log line and nothing compiling, as one "
-              "polling in a collective that never completes does (NCCL busy-waits); see where its threads "
-              "are with `py-spy dump --pid PID` in its container (where the image has py-spy), and run "
-              "02_collectives.ipynb with the serving image")
+              "polling in a collective that never completes does (NCCL busy-waits); where its threads were "
+              "follows the stall (logs/<node>/worker-stacks.txt; runtime.ptrace lets py-spy read its Python "
+              "stack where the host restricts ptrace); run 02_collectives.ipynb with the serving image")
 
 
 @dataclass
