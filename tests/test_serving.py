@@ -23,7 +23,7 @@ from sparkbook.facts.parsers import parse_sections
 from sparkbook.book.redact import MASK
 from sparkbook.nodes.remote import Cluster
 from sparkbook.nodes import workdir
-from sparkbook.serving import commands, deploy, plan, startup, state
+from sparkbook.serving import commands, deploy, plan, startup, state, vllm
 from sparkbook.serving.inspection import ImageInfo, configured_options, image_checks, image_table
 from sparkbook.serving.state import node_states
 from sparkbook.serving.teardown import teardown
@@ -321,6 +321,7 @@ def test_start_up_phases_follow_a_real_spark_log():
             phase = new
     # the order vLLM 0.16 went through on a Spark pair, none skipped by a word in the config dump
     assert seen == ["ray", "distributed init", "weights", "compile", "kv cache", "graph capture", "api"]
+    assert set(vllm.PHASE_CAUSES) == set(startup.ORDER)  # a likely cause for every phase
     assert startup.phase_of(["(RayWorkerWrapper pid=1) INFO world_size=2 rank=1"], "kv cache") == "kv cache"
 
 
@@ -463,6 +464,13 @@ def test_a_rank_spinning_while_its_peer_waits_is_a_stall_and_a_compile_is_not():
         stall = stall or watch.update({"a": reading(152.0, 0.0, *weights), "b": reading(2.0 + t, 0.0, *weights)},
                                       now=t)
     assert stall is not None and stall.node == "b" and stall.spinning and stall.phase == "kv cache"
+    # a spinning node whose own log says nothing yet: the stall's phase is the furthest node's,
+    # its cause the spin's alone (not the cause of a phase the other node reached)
+    watch = startup.StallWatch(timeout=30)
+    stall = None
+    for t in range(0, 60, 5):
+        stall = stall or watch.update({"a": reading(2.0, 0.0, *weights), "b": reading(2.0 + t, 0.0)}, now=t)
+    assert stall.node == "b" and stall.spinning and stall.phase == "kv cache" and stall.cause == startup.SPIN_CAUSE
     # a single node: its own CPU after the weights is work however long (no peer to wait on)
     watch = startup.StallWatch(timeout=30)
     for t in range(0, 150, 5):

@@ -41,6 +41,7 @@ SGLANG: list[tuple[str, str]] = [
     ("api", r"Capture cuda graph end|Uvicorn running on|The server is fired up and ready to roll"),
 ]
 ENGINES = {"vllm": VLLM, "sglang": SGLANG}
+_TABLES = {engine: [(name, re.compile(p, re.I)) for name, p in table] for engine, table in ENGINES.items()}
 # Lines that only one engine writes: its name in a path or a process, its rank prefix
 # ("[2025-10-16 09:06:22 TP5]"), or its own phase lines.
 _ENGINE_OF = [("sglang", re.compile(r"sglang|SGLang|\[[\d: -]+ TP\d+|" + "|".join(p for _, p in SGLANG))),
@@ -57,13 +58,12 @@ class Reached:
 
 
 class PhaseScan:
-    """Follows a log line by line: which engine wrote it (the first line that says), and the
-    latest phase it reached. Phases never go back."""
+    """Follows a log line by line: which engine wrote it (the first line that says, unless it is
+    given), and the latest phase it reached from ``phase`` on. Phases never go back."""
 
-    def __init__(self, engine: str = ""):
-        self.reached = Reached(engine)
+    def __init__(self, engine: str = "", phase: str = ""):
+        self.reached = Reached(engine, phase)
         self._lines = 0
-        self._compiled: dict[str, list[re.Pattern]] = {}
 
     def feed(self, line: str) -> None:
         self._lines += 1
@@ -72,18 +72,18 @@ class PhaseScan:
             r.engine = next((name for name, rx in _ENGINE_OF if rx.search(line)), "")
             if not r.engine:
                 return
-        table = self._compiled.setdefault(r.engine, [re.compile(p, re.I) for _, p in ENGINES[r.engine]])
-        names = [name for name, _ in ENGINES[r.engine]]
-        at = names.index(r.phase) if r.phase else -1
+        table = _TABLES[r.engine]
+        at = next((i for i, (name, _) in enumerate(table) if name == r.phase), -1)
         for i in range(len(table) - 1, at, -1):
-            if table[i].search(line):
-                r.phase, r.line, r.text = names[i], self._lines, line.strip()[:300]
+            if table[i][1].search(line):
+                r.phase, r.line, r.text = table[i][0], self._lines, line.strip()[:300]
                 return
 
 
-def reached(lines: Iterable[str], engine: str = "") -> Reached:
-    """The phase ``lines`` reached (``engine`` where it is known, else told from the lines)."""
-    scan = PhaseScan(engine)
+def reached(lines: Iterable[str], engine: str = "", phase: str = "") -> Reached:
+    """The phase ``lines`` reached from ``phase`` on (``engine`` where it is known, else told from
+    the lines)."""
+    scan = PhaseScan(engine, phase)
     for line in lines:
         scan.feed(line)
     return scan.reached

@@ -15,10 +15,10 @@ on it, or it on them). When no node has made progress for
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass, field
 
+from ..facts import phases
 from ..facts.parsers import parse_sections
 from ..facts.signatures import ray_address
 from ..nodes.remote import Cluster
@@ -26,7 +26,7 @@ from ..nodes.shell import script
 from ..nodes.workdir import serve_log
 from ..params import Params
 from .plan import plan
-from .vllm import PHASES, SERVE_PATTERN, START_CAUSE, WAITING
+from .vllm import NAME, PHASE_CAUSES, SERVE_PATTERN, START_CAUSE, WAITING
 
 TAIL_LINES = 40
 # CPU seconds per second of wall time above which vLLM's processes count as working: an idle
@@ -34,9 +34,7 @@ TAIL_LINES = 40
 BUSY_CPU = 0.05
 MIN_QUIET_READS = 3  # readings without progress that a stall needs, however long the gap between them
 
-_PHASE_RES = [(name, re.compile(pattern, re.I)) for name, pattern, _ in PHASES]
-ORDER = [name for name, *_ in PHASES]
-CAUSE = {name: cause for name, _, cause in PHASES}
+ORDER = [name for name, _ in phases.VLLM]
 # The phase in which nothing compiles: the ranks connect (NCCL, gloo). vLLM builds kernels once
 # the weights load (torch.compile, the KV cache's profiling run, CUDA graphs); before it, a worker
 # still imports its modules (CPU and no log line for a while on a slow node).
@@ -45,16 +43,11 @@ NO_COMPILE = {"distributed init"}
 
 def phase_of(lines: list[str], current: str = "") -> str:
     """The latest phase ``lines`` reach (phases never go back: ``current`` is kept otherwise)."""
-    best = ORDER.index(current) if current in ORDER else -1
-    for line in lines:
-        for i, (_, rx) in enumerate(_PHASE_RES):
-            if i > best and rx.search(line):
-                best = i
-    return ORDER[best] if best >= 0 else current
+    return phases.reached(lines, NAME, current).phase
 
 
 def likely_cause(phase: str) -> str:
-    return CAUSE.get(phase, START_CAUSE)
+    return PHASE_CAUSES.get(phase, START_CAUSE)
 
 
 # A spinning rank has been placed and runs: the cause of its phase, where its log says one past
@@ -107,8 +100,6 @@ def read_progress(params: Params, cluster: Cluster) -> dict[str, NodeProgress]:
     if params.serving.executor == "ray":
         attribute_ray_lines(params, out)
     return out
-
-
 
 
 def _seconds(sections: dict[str, str], name: str) -> float | None:
@@ -238,11 +229,12 @@ class StallWatch:
         behind = min(self._moved, key=lambda n: (n not in held, n not in spinning, rank.get(n, -1),
                                                  self._ticked.get(n, self._moved[n]), self._moved[n]))
         ahead = max(self.phases.values(), key=lambda ph: ORDER.index(ph) if ph else -1)
-        phase = self.phases.get(behind) or ahead
+        own = self.phases.get(behind, "")
+        phase = own or ahead
         spins = behind not in held and behind in spinning
         cause = likely_cause(phase)
-        if spins:
-            cause = SPIN_CAUSE + (f"; {cause}" if phase not in ("", "ray") else "")
+        if spins:  # its own log's phase only: a silent log says nothing of where it spins
+            cause = SPIN_CAUSE + (f"; {likely_cause(own)}" if own not in ("", "ray") else "")
         return Stall(behind, phase, now - last, readings[behind].last_line, cause, self._quiet_reads,
                      behind in held, (now - last) / self._quiet_reads, spins)
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import re
 from typing import Callable
 
-from ..facts import phases
 from ..params import Node, Params
 
 NAME = "vllm"     # serving.engine's value; also the stem of the serve log (nodes/workdir.py)
@@ -54,8 +53,8 @@ METRICS: dict[str, tuple[tuple[str, ...], Callable[[list[float]], float]]] = {
     "generation_tokens": (("vllm:generation_tokens_total",), sum),
 }
 
-# The phases of a vLLM start-up, in order (their lines: sparkbook.facts.phases.VLLM), with the
-# likely cause of a hang in each.
+# The likely cause of a hang in each phase of a vLLM start-up (the phases and their lines:
+# sparkbook.facts.phases.VLLM).
 PHASE_CAUSES = {
     "ray": "Ray could not place the workers: every node must be in the Ray cluster with its GPU "
            "(04_ray_cluster.ipynb); `ray status` shows pending resources",
@@ -71,7 +70,6 @@ PHASE_CAUSES = {
     "api": "the API server started but does not answer: a port or address problem (ports.api, a firewall "
            "between this machine and the head)",
 }
-PHASES: list[tuple[str, str, str]] = [(name, pattern, PHASE_CAUSES[name]) for name, pattern in phases.VLLM]
 # Lines that say vLLM is waiting, not working: they repeat while a start-up hangs (a placement
 # group that never fits, a rank that stopped), so they are no progress.
 WAITING = re.compile(r"Waiting for creating a placement group|No available shared memory broadcast block|"
