@@ -54,6 +54,12 @@ step.table(outcome)
 # for `smoke.soak_s` seconds, with no failure, and no drift: the p99 end-to-end latency of the last
 # third of the requests at most `smoke.drift_limit` times the first third's (a server that slows as it
 # runs: throttling, memory pressure, a leak). Every request is kept in `smoke/burn_in.csv`.
+#
+# Meanwhile every serving node's health is sampled every 5 s: its rails' error and FEC counters, its
+# GPU's clock-event reasons and the Xid lines of its kernel log. What changes from the first sample
+# is a row of its own with the time it began (a counter that climbs while the cable carries the
+# soak, a GPU that starts throttling, a driver fault): faults no static check sees. Samples in
+# `health/burn-in.csv`.
 
 # %%
 from sparkbook.smoke import burnin, known_answers
@@ -87,7 +93,8 @@ known_answers.table(step.known_answers(ctx, outcome))
 # **Logs and outputs**, in the run folder (printed by the setup cell: `outputs/<time>-<deployment>/`
 # with `sparkbook run`, `outputs/interactive-<deployment>/` or `$SPARKBOOK_RUN_DIR` by hand):
 # `verdicts/06_smoke_test.json` (every check); `smoke/burn_in.json` and `smoke/burn_in.csv` (every
-# burn-in and soak request), `smoke/known_answers.json` and `fingerprint.json`.
+# burn-in and soak request), `health/burn-in.csv` (the serving nodes' health samples),
+# `smoke/known_answers.json` and `fingerprint.json`.
 
 # %% [markdown]
 # ## Verdict

@@ -42,6 +42,10 @@ ctx.gate(expiry.preflight_holds(ctx), key="preflight")
 
 # %% [markdown]
 # ## Run
+#
+# While the levels run, every serving node's rail error counters, GPU clock-event reasons and Xid
+# lines are sampled every 5 s (as in 06): a change is a row of the verdict with its time and the
+# level it fell in, beside the numbers it may explain. Samples in `health/benchmark.csv`.
 
 # %%
 outcome = ctx.run()
@@ -79,7 +83,7 @@ for fig in step.plots(ctx, outcome).values():
 # with `sparkbook run`, `outputs/interactive-<deployment>/` or `$SPARKBOOK_RUN_DIR` by hand):
 # `verdicts/07_benchmark.json` (every check); `benchmark/results.json`, `benchmark/levels.csv` (a row
 # per level), the plots `benchmark/*.png` and `benchmark/server_metrics.csv` (vLLM's `/metrics`, GPU
-# power and clocks).
+# power and clocks), `health/benchmark.csv` (the serving nodes' health samples).
 
 # %% [markdown]
 # ## Verdict

@@ -56,6 +56,9 @@ SETUP = "tests/test_fabric.py::"
 DAYONE = "tests/test_dayone.py::test_discover_plan_apply_reboot_and_restore_on_nodes_fresh_from_the_box"
 FABRIC, COLLECTIVES = "tests/test_fabric_field.py::", "tests/test_collectives.py::"
 NCCL, DISTRIBUTE = "tests/test_collectives_field.py::", "tests/test_distribute.py::"
+RDMA = "tests/test_rdma.py::"
+HEALTH = "tests/test_serving_health.py::"
+THROTTLED = "tests/test_serving_lab.py::test_a_server_throttled_halfway_through_the_soak_fails_06s_drift_and_its_health_is_timed"
 SERVING, SMOKE, BENCH = "tests/test_serving.py::", "tests/test_smoke.py::", "tests/test_bench.py::"
 EXPIRY = "tests/test_expiry.py::"
 UPGRADE = "tests/test_upgrade.py::"
@@ -154,6 +157,15 @@ ROWS: dict[str, Entry] = {
     "small-message latency": Tests(NCCL + "test_latency_both_ways_and_reported_without_a_bar"),
     "transport": Tests(COLLECTIVES + "test_verdict_on_a_real_two_gpu_run_reads_the_transport_from_the_channels"),
     "serving image on every node": FailsAs("image ID"),  # the PASS of the copy before the sweep
+    "rdma": Tests(RDMA + "test_slow_both_ways_with_clean_counters_is_the_degraded_init_rebooted_then_power_cycled",
+                  RDMA + "test_down_missing_and_perftest_errors_are_not_called_slow",
+                  RDMA + "test_one_nodes_cable_on_a_switch_is_named_among_four"),
+    "rdma latency": Tests(RDMA + "test_every_good_link_sums_up_in_one_row_per_rail_and_slow_latency_warns"),
+    "link at fault": Tests(RDMA + "test_one_nodes_cable_on_a_switch_is_named_among_four",
+                           RDMA + "test_pairs_name_the_node_in_every_slow_pair",
+                           RDMA + "test_pairs_name_the_one_slow_pair_and_own_up_to_no_culprit"),
+    "rdma vs all-reduce": Tests(RDMA + "test_nccl_far_below_rdma_at_rate_is_nccl_not_the_cable"),
+    "pair all-reduce": Tests(RDMA + "test_pairs_name_the_node_in_every_slow_pair"),
 
     # ------------------------------------------------------------------------- 03 distribute
     "image ID": Tests(FAILED_COPY, COLLECTIVES + "test_a_failed_image_copy_fails_02_and_the_sweep_does_not_run"),
@@ -221,7 +233,14 @@ ROWS: dict[str, Entry] = {
     "soak drift": Tests("tests/test_burnin.py::test_a_server_that_slows_as_it_runs_fails_the_drift",
                         "tests/test_burnin.py::test_drift_compares_the_medians_of_the_first_and_last_thirds_in_sending_order",
                         "tests/test_burnin.py::test_a_slowdown_that_is_large_but_not_consistent_is_a_warning",
-                        "tests/test_serving_lab.py::test_a_server_throttled_halfway_through_the_soak_fails_06s_drift"),
+                        "tests/test_serving_lab.py::test_a_server_throttled_halfway_through_the_soak_fails_06s_drift_and_its_health_is_timed"),
+    # also 07's levels (sparkbook/serving/health.py)
+    "link errors while serving": Tests(HEALTH + "test_changes_are_timed_from_the_first_sample_and_placed_in_their_level",
+                                       THROTTLED),
+    "gpu clocks while serving": Tests(HEALTH + "test_changes_are_timed_from_the_first_sample_and_placed_in_their_level",
+                                      THROTTLED),
+    "xid while serving": Tests(HEALTH + "test_a_new_xid_is_judged_by_its_code"),
+    "serving health": Tests(HEALTH + "test_nothing_changed_is_one_pass_and_a_silent_node_a_warning"),
     "known answers": Tests("tests/test_known_answers.py::test_same_fingerprint_different_answers_fails_naming_prompt_"
                            "run_and_where", "tests/test_known_answers.py::test_a_request_that_fails_fails_the_row"),
 
@@ -266,6 +285,7 @@ BY_VARIABLE = {
     ("preflight/host.py", "what"): ("driver", "firmware"),     # versions, in_range: ("driver", "firmware")
     ("preflight/nodes.py", "what"): ("model disk", "docker disk"),  # disks
     ("setup/fabric.py", "what"): ("fabric apply", "fabric restore", "ssh mesh", "ssh mesh restore"),  # cli's fabric
+    ("serving/health.py", "name"): ("link errors while serving", "gpu clocks while serving", "xid while serving"),
     ("smoke/api.py", "name"): (),  # _Smoke.check: the name its callers give, found as s.check(...) calls
 }
 

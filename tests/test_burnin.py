@@ -195,7 +195,9 @@ def test_the_notebook_cells_keep_it_and_its_checks_join_the_verdict(tmp_path, mo
     ctx.conclude(outcome)
     saved = json.loads((tmp_path / "verdicts" / "06_smoke_test.json").read_text())
     names = [c["check"] for c in saved["checks"]]
-    assert names == ["model listed", "burn-in sequential", "soak", "soak drift"] and saved["status"] == "PASS"
+    # and this machine's health, watched while it served (sparkbook/serving/health.py)
+    assert names == ["model listed", "burn-in sequential", "soak", "soak drift", "serving health"], names
+    assert saved["status"] == "PASS" and (tmp_path / "health" / "burn-in.csv").is_file()
     assert dict(saved["key_numbers"])["burn-in"].startswith("8/8 sequential")
 
     # the "Requests" cell run again: a new SmokeTest, whose verdict still holds the burn-in's checks

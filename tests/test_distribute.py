@@ -847,6 +847,36 @@ def test_a_worker_without_the_model_gets_all_of_it(lab, params, cluster):
     assert out.synced[worker.name].files == len(files)
 
 
+def test_a_same_size_corrupt_shard_fails_01_is_copied_again_by_03_and_the_next_01_reads_nothing(
+        lab, params, cluster):
+    """One byte flipped in the worker's weights, size and modification time kept (`shard-corrupt`):
+    01 compares by SHA-256 and fails that file on that worker, reading only it (every other digest
+    from the nodes' caches); 03 copies it again; the next 01 passes reading no byte."""
+    from sparkbook import preflight
+    worker = params.workers[0].name
+    sync_model(params, cluster, show=False, say=lambda *_: None)  # the workers alike, the caches filled
+    rec = faults.apply(lab, "shard-corrupt", worker)
+    shard = Path(rec["file"]).name
+    try:
+        pf = preflight.gather(params, cluster)
+        rows = {(c.check, c.node): c for c in preflight.checks(params, pf)}
+        bad = rows[("model", worker)]
+        assert bad.status == FAIL and f"{shard} (content differs)" in bad.observed, bad
+        assert "03_distribute_image" in bad.remedy and "model_manifest.py" in bad.command
+        assert pf.nodes[worker]["model_read"] == (Path(rec["file"]).stat().st_size, 1)  # its change time moved
+        assert pf.nodes[params.head.name]["model_read"] == (0, 0)
+        out = sync_model(params, cluster, show=False, say=lambda *_: None)
+        assert out.before[worker] == {shard: "content differs"} and out.after[worker] == {}
+        assert out.synced[worker].files == 1 and out.synced[worker].error is None
+        pf = preflight.gather(params, cluster)
+        assert {c.status for c in preflight.checks(params, pf) if c.check == "model"} == {"PASS"}
+        assert {n: pf.nodes[n]["model_read"] for n in pf.nodes} == {n.name: (0, 0) for n in params.nodes}
+        assert "by SHA-256; hashing read 0 B" in next(c.observed for c in preflight.checks(params, pf)
+                                                       if (c.check, c.node) == ("model", worker))
+    finally:
+        faults.heal(lab, "shard-corrupt")
+
+
 def test_model_copies_go_round_by_round_from_the_head_then_from_the_workers_that_hold_it():
     params = validate(lab_params(8))
     workers = [w.name for w in params.workers]

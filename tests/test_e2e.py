@@ -54,6 +54,14 @@ def test_results_data_and_plots_are_in_the_run_folder(full_run):
     assert bench["concurrency"] and all(lv["failures"] == 0 for lv in bench["concurrency"])
     statuses = {s: json.loads((out / "verdicts" / f"{s}.json").read_text())["status"] for s in STEPS}
     assert set(statuses.values()) <= {"PASS", "WARN"}, statuses
+    # issue 31: each cable measured in 02, and the serving nodes' health watched in 06 and 07
+    assert (out / "rdma.csv").stat().st_size > 0 and (out / "rdma.png").stat().st_size > 0
+    for step, label in (("06_smoke_test", "burn-in"), ("07_benchmark", "benchmark")):
+        checks = json.loads((out / "verdicts" / f"{step}.json").read_text())["checks"]
+        watched = [c for c in checks if c["check"] == "serving health"]
+        assert [(c["node"], c["status"]) for c in watched] == [("all", "PASS")], checks
+        assert "2 node(s)" in watched[0]["observed"]
+        assert (out / "health" / f"{label}.csv").stat().st_size > 0
 
 
 def test_the_run_fingerprint_names_the_lab_image_vllm_and_both_nodes_driver(full_run):

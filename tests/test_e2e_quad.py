@@ -14,13 +14,14 @@ import yaml
 
 from conftest import resized
 from jupyterlab_harness import light_params
-from sparkbook.lab import params_file
+from sparkbook.lab import faults, params_file
 from sparkbook.params import load
 from sparkbook.runbook.runner import run
 
 STEPS = ["00_inventory", "01_preflight", "02_collectives", "03_distribute_image", "04_ray_cluster",
          "05_serve", "06_smoke_test", "07_benchmark", "08_teardown"]
 NODES = [f"spark-{i}" for i in range(1, 5)]
+SLOW_NODE = "spark-3"
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +50,15 @@ def quad_runs(lab, tmp_path_factory):
             "model": data["model"]["path"], "max_tokens": 8, "ignore_eos": True,
             "messages": [{"role": "user", "content": "Hi"}]}) if served["status"] == "passed" else None
         torn = run(subset_file, steps="08", out=subset, report=False)
-        return (out, whole), (subset, served["steps"] + torn["steps"], chat)
+        # one slowed link among four (issue 31): spark-3's first rail shaped at both ends, its
+        # counters clean; 02 alone, after the whole run (the image is on every node)
+        slow = tmp_path_factory.mktemp("quad-slow-link") / "run"
+        faults.apply(lab, "slow-cable", SLOW_NODE, rate="400mbit")
+        try:
+            slowed = run(light, steps="02", out=slow, report=False)
+        finally:
+            faults.heal(lab, "slow-cable")
+        return (out, whole), (subset, served["steps"] + torn["steps"], chat), (slow, slowed)
 
 
 def _post(url, data):
@@ -159,3 +168,27 @@ def test_compare_of_the_two_and_four_node_runs_renders_both_and_their_layouts(fu
         seconds = json.loads((run_dir / "serving.json").read_text())["seconds"]
         assert f"{seconds:.1f} s (" in page
     render(page_path, [two.name, four.name], images=4)
+
+
+def test_one_slowed_link_among_four_is_named_by_02(quad_runs):
+    """spark-3's cable on the first rail at 400 Mbit/s, every counter clean: 02 fails, and both of
+    its ways of looking name spark-3: the cables measured one by one (all of spark-3's links slow
+    both ways, the others at rate: the reboot remedy), and the all-reduce of each pair of nodes after
+    the 4-node one fell below its bar (every pair with spark-3 slow, the other three at the bar)."""
+    out, summary = quad_runs[2]
+    assert [(s["name"], s["status"]) for s in summary["steps"]] == [("02_collectives", "failed")], summary
+    checks = verdict(out, "02_collectives")["checks"]
+    at_fault = [c for c in checks if c["check"] == "link at fault"]
+    assert [(c["node"], c["status"]) for c in at_fault] == [(SLOW_NODE, "FAIL")] * 2, at_fault
+    cables, pairs = at_fault
+    assert "enp1s0f1np1: every link through spark-3 is slow (3 of 3" in cables["observed"]
+    assert "reboot both nodes" in cables["remedy"]
+    assert "every pair with spark-3 is slow (3 of 3)" in pairs["observed"]
+    slow_links = sorted(c["node"] for c in checks if c["check"] == "rdma" and c["status"] == "FAIL")
+    assert slow_links == ["spark-1, spark-3", "spark-2, spark-3", "spark-3, spark-4"]
+    assert all("slow both ways" in c["observed"] for c in checks if c["check"] == "rdma" and c["status"] == "FAIL")
+    slow_pairs = sorted(c["node"] for c in checks if c["check"] == "pair all-reduce" and c["status"] == "FAIL")
+    assert slow_pairs == slow_links
+    with open(out / "rdma.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len({(r["interface"], r["from"], r["to"]) for r in rows if r["test"] != "both"}) == 2 * 12

@@ -143,7 +143,7 @@ def test_each_node_gets_one_bundle_the_head_with_image_runtime_and_model():
     assert head["host"].name == "host_state.sh" and head["host"].args == ("enp1s0f1np1", "enP2p1s0f1np1")
     assert head["fingerprint"].args[0] == "sparkbook-lab/vllm-cpu:latest"
     assert head["fingerprint"].args[2] == "sparkbook-lab-ray"  # the serving container (Ray executor)
-    assert head["model"].name == "model_manifest.sh" and head["model"].args[:2] == ("/models/tiny-qwen3", "config")
+    assert head["model"].name == "model_manifest.py" and head["model"].args[:2] == ("/models/tiny-qwen3", "config")
     assert set(worker) == {"host", "fingerprint"} and worker["fingerprint"].args == ()
 
 

@@ -47,3 +47,52 @@ def test_the_manifest_leaves_out_the_downloads_bookkeeping(tmp_path):
     for hash_all in (True, False):
         m = parse_manifest(_run(manifest_script(str(model), hash_all)))
         assert set(m) == {"config.json", ".cache/other.json"} and m["config.json"]["sha256"]
+
+
+def test_every_file_by_content_and_a_second_manifest_reads_nothing(tmp_path):
+    """The digest cache, in a private folder: the second manifest reads no byte; a shard rewritten
+    with the same size and its modification time set back (what `touch -d` or rsync -t leave) is
+    read again, for its change time moved; a new file is read alone."""
+    import os
+    from sparkbook.facts.manifest import bytes_read
+    model, private = tmp_path / "m", tmp_path / "work"
+    model.mkdir()
+    private.mkdir(mode=0o700)
+    (model / "config.json").write_text("{}")
+    shard = model / "model-00001-of-00002.safetensors"
+    shard.write_bytes(b"a" * 100_000)
+    cache = str(private / "digests.json")
+    first = _run(manifest_script(str(model), True, cache))
+    assert bytes_read(first) == (100_002, 2)
+    assert (os.stat(cache).st_mode & 0o777) == 0o600
+    second = _run(manifest_script(str(model), True, cache))
+    assert bytes_read(second) == (0, 0) and parse_manifest(second) == parse_manifest(first)
+    st = shard.stat()
+    shard.write_bytes(b"a" * 99_999 + b"b")  # same size
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))  # same modification time
+    third = _run(manifest_script(str(model), True, cache))
+    assert bytes_read(third) == (100_000, 1)
+    assert manifest_differences(parse_manifest(first), parse_manifest(third)) == {shard.name: "content differs"}
+    (model / "model-00002-of-00002.safetensors").write_bytes(b"c" * 10)
+    assert bytes_read(_run(manifest_script(str(model), True, cache))) == (10, 1)
+
+
+def test_the_digest_cache_is_kept_only_in_a_private_folder_of_ones_own(tmp_path):
+    from sparkbook.facts.manifest import bytes_read
+    model, shared = tmp_path / "m", tmp_path / "shared"
+    model.mkdir()
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    (model / "w.safetensors").write_bytes(b"x" * 1000)
+    for _ in range(2):  # nothing cached, so every run reads the file
+        assert bytes_read(_run(manifest_script(str(model), True, str(shared / "digests.json")))) == (1000, 1)
+    assert not (shared / "digests.json").exists()
+    assert bytes_read(_run(manifest_script(str(model), True))) == (1000, 1)  # no cache named
+
+
+def test_a_python_node_script_runs_isolated_with_its_values_as_arguments(tmp_path):
+    s = manifest_script("/models/x; rm -rf /", True, "/tmp/c")
+    assert s.argv()[:3] == ["python3", "-I", "-c"] and s.argv()[4:] == ["/models/x; rm -rf /", "all",
+                                                                     ".sparkbook-partial", "/tmp/c"]
+    assert "/models/x" not in s.text
+    assert str(s).startswith("python3 -I sparkbook/scripts/model_manifest.py '/models/x; rm -rf /' all")

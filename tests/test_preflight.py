@@ -18,6 +18,8 @@ from conftest import field_sample
 from sparkbook import preflight
 from sparkbook.cli import main
 from sparkbook.facts.identity import INSPECT_FORMAT
+from sparkbook.facts.manifest import node_script, parse_manifest
+from sparkbook.nodes.workdir import login
 from sparkbook.lab import faults
 from sparkbook.params import validate
 from sparkbook.preflight import tcp
@@ -52,23 +54,25 @@ def test_each_node_gets_one_bundle_its_values_as_arguments():
     path = "/models/x; touch /tmp/pwned"
     params = lab_params(path=path)
     head, worker = (node_bundle(params, n) for n in params.nodes)
-    assert [s for s, _ in head.parts] == ["inventory", "hardware", "ping", "in-use", "runtime", "model",
+    assert [s for s, _ in head.parts] == ["inventory", "hardware", "ping", "in-use", "runtime",
                                           "host", "memfit", "peers-ssh"]
-    assert [s for s, _ in worker.parts] == ["inventory", "hardware", "ping", "in-use", "runtime", "model",
+    assert [s for s, _ in worker.parts] == ["inventory", "hardware", "ping", "in-use", "runtime",
                                             "host", "memfit"]
-    part = dict(head.parts)
+    part = dict(head.parts, model=node_script(params, params.head))  # run beside the bundle
     assert part["hardware"].args == ("enp1s0f1np1", "enP2p1s0f1np1")
     # each rail to the peer's same rail, MTU 9000 less the IPv4 and ICMP headers
     assert part["ping"].args == ("8972", "enp1s0f1np1", "10.77.1.12", "enP2p1s0f1np1", "10.77.2.12")
     assert part["in-use"].args == (STALE,)
     assert part["runtime"].args == ("sparkbook-lab/vllm-cpu:latest", INSPECT_FORMAT)
-    assert part["model"].args[:2] == (path, "config")
+    # every file by content, with the digest cache in the node's private working folder
+    assert part["model"].args[:3] == (path, "all", ".sparkbook-partial")
+    assert part["model"].args[3].startswith(f"/tmp/sparkbook-{login(params.head)}/lab/digests-")
     name, target, port, sep, ssh, *options = part["peers-ssh"].args
     assert (name, target, port, sep, ssh) == ("spark-2", "root@10.77.1.12", "22", "--", "ssh")
     assert "BatchMode=yes" in options
-    for _, s in head.parts + worker.parts:
+    for _, s in [*head.parts, *worker.parts, ("model", part["model"])]:
         assert not [v for v in (path, "sparkbook-lab", "10.77.", "enp1s0f1np1", "spark-2") if v in s.text], s.name
-    assert str(part["model"]).startswith("bash sparkbook/scripts/model_manifest.sh '/models/x; touch")
+    assert str(part["model"]).startswith("python3 -I sparkbook/scripts/model_manifest.py '/models/x; touch")
 
 
 def spark_output() -> str:
@@ -92,7 +96,6 @@ def spark_output() -> str:
         "@@ in-use", "@@ listeners", "LISTEN 0      4096   0.0.0.0:8000   0.0.0.0:*    users:((\"python3\",pid=9,fd=3))",
         "@@ processes", "  577729 VLLM::EngineCore",
         "@@ runtime", "@@ containers", "@@ image", json.dumps({"Id": "sha256:" + "ab" * 32}),
-        "@@ model", "5\t-\tconfig.json", "#config.json\t" + "0" * 64,
         "@@ peers-ssh", "spark-2 root@10.77.1.12 0",
     ])
 
@@ -107,7 +110,9 @@ def test_a_spark_report_and_its_checks():
     assert report["ping"][1] == {"interface": "enP2p1s0f1np1", "peer": "10.77.2.12", "ok": False}
     assert report["processes"] == ["577729 VLLM::EngineCore"] and report["peers_ssh"] == {
         "spark-2": ("root@10.77.1.12", True)}
-    assert report["model"] == {"config.json": {"size": 5, "sha256": "0" * 64}} and report["skew_s"] is None
+    assert report["model"] is None and report["skew_s"] is None  # the manifest runs beside the bundle
+    report["model"] = parse_manifest("\n".join(["5\t-\tconfig.json", "#config.json\t" + "0" * 64, "!read\t5\t1"]))
+    assert report["model"] == {"config.json": {"size": 5, "sha256": "0" * 64}}
 
     pf = preflight.Preflight({"spark-1": report}, {"spark-2": "ssh root@10.77.0.12: cannot connect"},
                              {"spark-1": "head", "spark-2": "worker"})

@@ -144,40 +144,60 @@ def test_ray_path_serves_keeps_and_restarts_only_vllm(lab, params, ray_served):
     assert container_ids(lab, LAB_RAY) == ray_ids
 
 
-def test_a_server_throttled_halfway_through_the_soak_fails_06s_drift(lab, params, ray_served):
-    """06's soak on the served lab: passes (or at worst warns) as it is, on this busy machine; with
-    the worker's vLLM held to a fraction of a core from a quarter of the soak on (the cpu-quota fault),
-    the drift fails 06, by the median and the rank test."""
+def test_a_server_throttled_halfway_through_the_soak_fails_06s_drift_and_its_health_is_timed(
+        lab, params, cluster, ray_served):
+    """06's soak on the served lab: passes (or at worst warns) as it is, on this busy machine, its
+    nodes' health unchanged; with the worker's vLLM held to a fraction of a core from a quarter of
+    the soak on (the cpu-quota fault), the drift fails 06, by the median and the rank test; and from
+    halfway on, the worker's GPU throttled and its first rail's error counter climbing (the
+    throttle and link-errors faults): each a FAIL of its own, at the time it began."""
     from sparkbook.smoke import burnin
     from sparkbook.params.settings import Smoke
+    from sparkbook.serving import health
     from sparkbook.steps import smoke as smoke_step
     from sparkbook.book.verdict import Verdict
     # judged at the Spark's 1.5x: measured 1.03x as it runs, 2.76x throttled (parameters/lab.yaml)
     soak = Smoke(**{**params.smoke.model_dump(), "requests": 1, "soak_s": 24.0, "drift_limit": 1.5})
 
     def burn(s=soak):
-        b = burnin.run(params.endpoint, params.served_model, s, progress=False, say=lambda *_: None)
-        return {c.check: c for c in burnin.checks(b)}
+        with health.watch(params, cluster, "burn-in", interval=2) as watch:
+            b = burnin.run(params.endpoint, params.served_model, s, progress=False, say=lambda *_: None)
+        return {c.check: c for c in burnin.checks(b)}, watch.summary(), watch
 
-    calm = burn()
+    calm, calm_health, _ = burn()
     print("calm:", calm["soak drift"].observed)
     assert calm["soak"].status == PASS and calm["soak drift"].status in (PASS, WARN), calm["soak drift"]
+    assert [(c.check, c.status) for c in health.checks(calm_health, "06's burn-in")] == [("serving health", PASS)]
     # from a quarter of the way on: the later requests, slower, are then fewer, and the last third
     # of the soak's requests (by sending order) must be throttled ones
-    timer = threading.Timer(soak.soak_s / 4, faults.apply, (lab, "cpu-quota", "spark-2"))
-    timer.start()
+    timers = [threading.Timer(soak.soak_s / 4, faults.apply, (lab, "cpu-quota", "spark-2")),
+              threading.Timer(soak.soak_s / 2, lambda: [faults.apply(lab, k, "spark-2") for k in ("throttle", "link-errors")])]
+    for t in timers:
+        t.start()
     try:
-        throttled = burn()
+        throttled, seen, watch = burn()
     finally:
-        timer.join()
-        faults.heal(lab, "cpu-quota")
+        for t in timers:
+            t.join()
+        for kind in ("link-errors", "throttle", "cpu-quota"):
+            faults.heal(lab, kind)
     drift = throttled["soak drift"]
     print("throttled:", drift.observed)
     assert drift.status == FAIL and "throttling" in drift.remedy, drift.observed
     with pytest.raises(CheckFailed, match="soak drift"):
         Verdict(smoke_step.TITLE, list(throttled.values())).raise_for_failures()
+    # the health rows: on spark-2 only, each timed from when its fault was applied (the sequential
+    # request first, then the soak: the fault came at soak_s / 2 after the soak began, at the latest)
+    rows = {(c.check, c.node): c for c in health.checks(seen, "06's burn-in")}
+    assert set(rows) == {("gpu clocks while serving", "spark-2"), ("link errors while serving", "spark-2")}, rows
+    assert all(c.status == FAIL for c in rows.values())
+    applied = min(ev["t_s"] for ev in seen["events"])
+    for ev in seen["events"]:
+        assert soak.soak_s / 2 - 1 <= ev["t_s"] <= seen["duration_s"] and ev["t_s"] - applied <= 2 * watch.interval + 1, ev
+    assert "rx_pcs_symbol_err_phy rose at" in rows[("link errors while serving", "spark-2")].observed
+    assert "HW Slowdown turned active at" in rows[("gpu clocks while serving", "spark-2")].observed
     # healed: the server runs at its own speed again
-    assert burn(soak.model_copy(update={"soak_s": 8.0}))["soak drift"].status in (PASS, WARN)
+    assert burn(soak.model_copy(update={"soak_s": 8.0}))[0]["soak drift"].status in (PASS, WARN)
 
 
 def test_a_crash_of_vllm_serve_ends_the_wait_at_once_and_08_leaves_nothing(lab, params, cluster, ray_served):

@@ -231,6 +231,7 @@ class Results(Outcome):
     duration_s: float = 0.0
     source: str = ""
     ceiling: dict | None = None  # sparkbook.bench.ceiling.estimate's, when a bandwidth is expected
+    health: dict | None = None  # the serving nodes' health during the levels (sparkbook.serving.health)
 
     @property
     def levels(self) -> list[LevelResult]:

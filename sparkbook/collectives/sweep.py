@@ -51,18 +51,33 @@ def script_path(params: Params, node: Node) -> str:
     return f"{workdir.workdir(params, node)}/allreduce.py"
 
 
-def command(params: Params, node: Node) -> list[str]:
-    """The container that runs this node's ranks."""
+@dataclass(frozen=True)
+class Group:
+    """Nodes whose ranks sweep together, meeting at the first one's fabric address: every node
+    (02's sweep), or one pair (:mod:`.pairs`); ``quick`` sweeps only the three largest sizes."""
+    nodes: tuple[Node, ...]
+    quick: bool = False
+
+    @property
+    def label(self) -> str:
+        return "all" if not self.quick else ", ".join(n.name for n in self.nodes)
+
+
+def command(params: Params, node: Node, group: Group | None = None) -> list[str]:
+    """The container that runs this node's ranks, in ``group`` (default: every node)."""
     c = params.collectives
+    group = group or Group(tuple(params.nodes))
     be = backend(params)
-    addr, port = params.collectives_master
+    port = params.collectives_master[1]
+    addr = group.nodes[0].fabric_address
     nproc = max(params.gpus_of(node), 1) if be == "nccl" else 1
-    torchrun = ["torchrun", f"--nnodes={len(params.nodes)}", f"--nproc-per-node={nproc}",
-                f"--node-rank={params.nodes.index(node)}", f"--master-addr={addr}",
+    sizes = c.sizes()[-3:] if group.quick else c.sizes()
+    torchrun = ["torchrun", f"--nnodes={len(group.nodes)}", f"--nproc-per-node={nproc}",
+                f"--node-rank={group.nodes.index(node)}", f"--master-addr={addr}",
                 f"--master-port={port}", script_path(params, node), "--backend", be,
-                "--sizes", ",".join(map(str, c.sizes())), "--iters", str(c.iters),
+                "--sizes", ",".join(map(str, sizes)), "--iters", str(c.iters),
                 "--warmup", str(c.warmup), "--timeout", str(int(c.timeout_s))]
-    if c.latency_sizes():
+    if c.latency_sizes() and not group.quick:
         torchrun += ["--latency-sizes", ",".join(map(str, c.latency_sizes())),
                      "--latency-iters", str(c.latency_iters)]
     env = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET", "PYTHONUNBUFFERED": "1"}
@@ -103,63 +118,76 @@ def run(params: Params, cluster: Cluster, run_dir: Path | None = None, omit: tup
         say: Callable[[str], object] = print) -> Sweep:
     """Run the sweep; ``omit`` leaves nodes out (their ranks never join: a drill for the hang
     diagnosis). Always removes the containers and collects every node's log."""
-    out = Sweep(backend(params))
-    nodes = params.nodes
+    c = params.collectives
+    small = (f"{human_bytes(c.latency_min_bytes)}-{human_bytes(c.latency_max_bytes)} then "
+             if c.latency_sizes() else "")
+    say(f"all-reduce: {backend(params)}, {len(params.nodes)} node(s), sizes {small}{c.min_size_mb:g}"
+        f"-{c.max_size_mb:g} MB, time limit {c.timeout_s:.0f} s")
+    return run_groups(params, cluster, [Group(tuple(params.nodes))], run_dir, omit, say)[0]
+
+
+def run_groups(params: Params, cluster: Cluster, groups: list[Group], run_dir: Path | None = None,
+               omit: tuple[str, ...] = (), say: Callable[[str], object] = print) -> list[Sweep]:
+    """Sweeps of disjoint groups at once (each its own rendezvous at its first node), one
+    :class:`Sweep` each; the logs go to ``logs/NODE/collectives.log`` (every node's group) or
+    ``collectives-A-B.log`` (a pair)."""
+    outs = [Sweep(backend(params)) for _ in groups]
+    nodes = [n for g in groups for n in g.nodes]
     name = container(params)
-    workdir.prepare(params, cluster)
-    cluster.put(SCRIPT, lambda n: script_path(params, n)).check("copy the all-reduce script to the nodes")
-    cluster.run(remove(params, name))  # a leftover of an interrupted run (this deployment's only)
+    workdir.prepare(params, cluster, nodes)
+    cluster.put(SCRIPT, lambda n: script_path(params, n), nodes).check("copy the all-reduce script to the nodes")
+    cluster.run(remove(params, name), nodes)  # a leftover of an interrupted run (this deployment's only)
+    group_of = {n.name: g for g in groups for n in g.nodes}
     start = time.monotonic()
+    timed_out = False
+    exit_codes: dict[str, int | None] = {}
     try:
-        # workers first: the head's rank 0 hosts the rendezvous and waits for them
-        for group in ([n for n in nodes if n.role != "head"], [params.head]):
-            group = [n for n in group if n.name not in omit]
-            if group:
-                cluster.run(lambda n: command(params, n), group).check(
+        # workers first: each group's rank 0 hosts its rendezvous and waits for them
+        for first in (False, True):
+            batch = [n for g in groups for n in g.nodes if (n == g.nodes[0]) == first and n.name not in omit]
+            if batch:
+                cluster.run(lambda n: command(params, n, group_of[n.name]), batch).check(
                     "start the all-reduce containers",
                     "is the serving image on every node? (01_preflight.ipynb, 03_distribute_image.ipynb)")
-        c = params.collectives
-        small = (f"{human_bytes(c.latency_min_bytes)}-{human_bytes(c.latency_max_bytes)} then "
-                 if c.latency_sizes() else "")
-        say(f"all-reduce: {out.backend}, {len(nodes)} node(s), sizes {small}{c.min_size_mb:g}"
-            f"-{c.max_size_mb:g} MB, time limit {c.timeout_s:.0f} s")
         deadline = start + params.collectives.timeout_s
         shown = 0.0
         while True:
-            states = cluster.run(["docker", "inspect", "-f", "{{.State.Running}} {{.State.ExitCode}}", name])
+            states = cluster.run(["docker", "inspect", "-f", "{{.State.Running}} {{.State.ExitCode}}", name], nodes)
             running = {n: r.stdout.split()[0] == "true" for n, r in states.items() if r.ok}
             if not any(running.values()):
-                out.exit_codes = {n: int(r.stdout.split()[1]) if r.ok else None for n, r in states.items()}
+                exit_codes = {n: int(r.stdout.split()[1]) if r.ok else None for n, r in states.items()}
                 break
             if time.monotonic() > deadline:
-                out.timed_out = True
+                timed_out = True
                 break
             if time.monotonic() - shown > 10:
                 shown = time.monotonic()
                 say(f"  {shown - start:5.0f} s: running on {', '.join(n for n, r in running.items() if r)}")
             time.sleep(1)
     finally:
-        logs = cluster.run(["docker", "logs", name], timeout=60)
-        for node in nodes:
+        logs = cluster.run(["docker", "logs", name], nodes, timeout=60)
+        cluster.run(remove(params, name), nodes, timeout=60)
+        left = cluster.run(["docker", "ps", "-aq", "--filter", f"label={deployment_label(params)}",
+                            "--filter", f"name=^{name}$"], nodes)
+    took = time.monotonic() - start
+    for g, out in zip(groups, outs):
+        out.timed_out, out.duration_s = timed_out, took
+        out.left_running = [n.name for n in g.nodes if left[n.name].stdout.strip()]
+        out.exit_codes = {n.name: exit_codes.get(n.name) for n in g.nodes}
+        for node in g.nodes:
             r = logs[node.name]
             text = (r.stdout + r.stderr) if r.exit_code == 0 else f"(no container on {node.name}: {r.summary()})"
             out.logs[node.name] = text
             if run_dir is not None:
-                path = Path(run_dir) / "logs" / node.name / "collectives.log"
+                log = "collectives.log" if not g.quick else f"collectives-{'-'.join(n.name for n in g.nodes)}.log"
+                path = Path(run_dir) / "logs" / node.name / log
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(mask(text))
-        cluster.run(remove(params, name), timeout=60)
-        left = cluster.run(["docker", "ps", "-aq", "--filter", f"label={deployment_label(params)}",
-                            "--filter", f"name=^{name}$"])
-        out.left_running = [n for n, r in left.items() if r.stdout.strip()]
-    out.duration_s = time.monotonic() - start
-    for node in nodes:
-        log = out.logs[node.name]
-        out.phases[node.name] = "not started" if node.name in omit else last_phase(log)
-        out.nccl[node.name] = parse_nccl_log(log)
-        if node.name == params.head.name and (m := re.search(r"^RESULT (.+)$", log, re.M)):
-            out.result = json.loads(m[1])
-    return out
+            out.phases[node.name] = "not started" if node.name in omit else last_phase(text)
+            out.nccl[node.name] = parse_nccl_log(text)
+            if node == g.nodes[0] and (m := re.search(r"^RESULT (.+)$", text, re.M)):
+                out.result = json.loads(m[1])
+    return outs
 
 
 def diagnose(params: Params, out: Sweep) -> tuple[str, str]:

@@ -23,8 +23,8 @@ from typing import Callable
 from ..book.progress import Progress
 from ..book.tables import Table, human_bytes
 from ..book.verdict import FAIL, PASS, WARN, Check
-from ..facts.manifest import (PARTIAL_DIR, Manifest, describe_differences, manifest_differences,
-                              manifest_script, parse_manifest, split_extras)
+from ..facts.manifest import (PARTIAL_DIR, Manifest, describe_differences, manifest_differences, manifests,
+                              split_extras)
 from ..nodes.remote import Cluster
 from ..nodes.shell import Script, command_line, peer_ssh, script
 from ..params import Node, Params
@@ -60,16 +60,10 @@ class ModelOutcome:
     extras: dict[str, dict[str, int]] = field(default_factory=dict)   # worker -> kept extra -> size
     deleted: dict[str, dict[str, int]] = field(default_factory=dict)  # worker -> deleted extra -> size
     not_deleted: dict[str, str] = field(default_factory=dict)    # worker -> why some extras stayed
+    read: dict[str, tuple[int, int]] = field(default_factory=dict)  # node -> bytes, files read to hash
 
     def to_json(self) -> dict:
         return asdict(self)
-
-
-def manifests(params: Params, cluster: Cluster, nodes: list[Node] | None = None) -> dict[str, Manifest | None | str]:
-    """Each node's model manifest (None: no model folder; a string: the node's error)."""
-    res = cluster.run(manifest_script(params.model.path, params.model.verify == "all"), nodes,
-                      timeout=params.distribution.timeout_s)
-    return {n: parse_manifest(r.stdout) if r.ok else r.summary() for n, r in res.items()}
 
 
 def differences(params: Params, found: dict[str, Manifest | None | str],
@@ -126,7 +120,8 @@ def sync_model(params: Params, cluster: Cluster, say: Callable[[str], object] = 
     manifests again."""
     out = ModelOutcome(params.model.path, params.distribution.model_sync,
                        delete_extras=params.distribution.delete_extras)
-    found = manifests(params, cluster)
+    found = manifests(params, cluster, read=out.read)
+    say(compared(params, out.read))
     out.before = differences(params, found, out)
     if out.head_error:
         out.after = out.before
@@ -146,6 +141,15 @@ def sync_model(params: Params, cluster: Cluster, say: Callable[[str], object] = 
     out.after = differences(params, found, out)
     out.extras = {w: sizes(found, w, names) for w, d in out.after.items() if (names := split_extras(d)[1])}
     return out
+
+
+def compared(params: Params, read: dict[str, tuple[int, int]]) -> str:
+    """How the manifests compared the files, and what hashing them read."""
+    if params.model.verify != "all":
+        return "model files compared by size, the config files by SHA-256 (model.verify: configs)"
+    total, files = sum(b for b, _ in read.values()), sum(f for _, f in read.values())
+    return (f"model files compared by SHA-256: {files} file(s) hashed, {human_bytes(total)} read on "
+            f"{sum(1 for b, _ in read.values() if b)} node(s); every other digest from the nodes' caches")
 
 
 def sizes(found: dict[str, Manifest | None | str], node: str, names: list[str]) -> dict[str, int]:

@@ -1,12 +1,16 @@
-"""A model folder's manifest on a node (sizes, and digests of what makes copies behave
-differently), and the differences between two manifests: read by preflight (01) and by the model
-sync (03)."""
+"""A model folder's manifest on a node (sizes, and the digest of every file by default,
+``model.verify``), and the differences between two manifests: read by preflight (01) and by the
+model sync (03)."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import TypedDict
 
+from ..nodes.remote import Cluster
 from ..nodes.shell import Script, script
+from ..nodes.workdir import workdir
+from ..params import Node, Params
 
 
 class FileEntry(TypedDict):
@@ -21,10 +25,33 @@ Manifest = dict[str, FileEntry]  # relative path -> entry
 PARTIAL_DIR = ".sparkbook-partial"
 
 
-def manifest_script(path: str, hash_all: bool) -> Script:
-    """``model_manifest.sh``: ``size<TAB>-<TAB>relative path`` per file, then ``#path<TAB>sha256``
-    for the hashed files (config-like ones, or all), or ``absent``."""
-    return script("model_manifest.sh", path, "all" if hash_all else "config", PARTIAL_DIR)
+def manifest_script(path: str, hash_all: bool, cache: str = "") -> Script:
+    """``model_manifest.py``: ``size<TAB>-<TAB>relative path`` per file, then ``#path<TAB>sha256``
+    for the hashed files (config-like ones, or all), then what hashing read; or ``absent``.
+    ``cache``: the node's digest cache (:func:`cache_path`), so an unchanged file is not read again."""
+    return script("model_manifest.py", path, "all" if hash_all else "config", PARTIAL_DIR, cache)
+
+
+def cache_path(workdir: str, path: str) -> str:
+    """The digest cache of the model folder ``path``, in the node's private working folder."""
+    return f"{workdir}/digests-{hashlib.sha256(path.encode()).hexdigest()[:12]}.json"
+
+
+def node_script(params: Params, node: Node) -> Script:
+    """The manifest of ``model.path`` on ``node`` as the parameters ask (``model.verify``), with
+    the node's digest cache."""
+    return manifest_script(params.model.path, params.model.verify == "all",
+                           cache_path(workdir(params, node), params.model.path))
+
+
+def manifests(params: Params, cluster: Cluster, nodes: list[Node] | None = None,
+              read: dict[str, tuple[int, int]] | None = None) -> dict[str, Manifest | None | str]:
+    """Each node's model manifest (None: no model folder; a string: the node's error), all nodes at
+    once; ``read`` gets what each node read to hash its files (bytes, files)."""
+    res = cluster.run(lambda n: node_script(params, n), nodes, timeout=params.distribution.timeout_s)
+    if read is not None:
+        read.update({n: got for n, r in res.items() if r.ok and (got := bytes_read(r.stdout))})
+    return {n: parse_manifest(r.stdout) if r.ok else r.summary() for n, r in res.items()}
 
 
 def parse_manifest(text: str) -> Manifest | None:
@@ -34,6 +61,8 @@ def parse_manifest(text: str) -> Manifest | None:
     files: Manifest = {}
     hashes = {}
     for line in text.splitlines():
+        if line.startswith("!"):
+            continue
         if line.startswith("#"):
             name, digest = line[1:].split("\t", 1)
             hashes[name] = digest
@@ -44,6 +73,15 @@ def parse_manifest(text: str) -> Manifest | None:
         if name in files:
             files[name]["sha256"] = digest
     return files
+
+
+def bytes_read(text: str) -> tuple[int, int] | None:
+    """What a manifest read to hash its files: (bytes, files); None where it says nothing."""
+    for line in text.splitlines():
+        if line.startswith("!read\t"):
+            _, size, count = line.split("\t")
+            return int(size), int(count)
+    return None
 
 
 def manifest_differences(reference: Manifest, other: Manifest | None) -> dict[str, str]:

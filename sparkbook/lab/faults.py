@@ -26,9 +26,9 @@ Spark; `heal` undoes it. Applied faults are kept in lab.json.
                apply it once 04 has started Ray, before 05
 - stale        a process left from an earlier run on the node: named VLLM::EngineCore like vLLM's
                engine, holding memory, so the simulated nvidia-smi lists it as a GPU process
-- clock        the node's clock read 5 s ahead: a simulated `date` (simhw.py) on the node's PATH
+- clock        the node's clock read 5 s ahead: a simulated `date` (simhost.py) on the node's PATH
                (the lab's nodes share this machine's clock)
-- disk         1 GiB free on every filesystem of the node: a simulated `df` (simhw.py) on its PATH,
+- disk         1 GiB free on every filesystem of the node: a simulated `df` (simhost.py) on its PATH,
                which preflight's model and Docker disk figures read
 - throttle     the node's GPU held at 513 MHz by a power brake (HW Slowdown, HW Power Brake
                Slowdown Active in the simulated `nvidia-smi -q`), as a Spark on a bad USB-C power
@@ -38,7 +38,7 @@ Spark; `heal` undoes it. Applied faults are kept in lab.json.
                power mid-run does (the lab's vLLM runs on the CPU); apply it once 05 has started
                vLLM, e.g. halfway through 06's soak
 - dhcp         the node's first rail on a NetworkManager profile that sets it by DHCP, as DGX OS
-               ships the CX-7 ports: a simulated `nmcli` (simhw.py) on the node's PATH (the lab's
+               ships the CX-7 ports: a simulated `nmcli` (simhost.py) on the node's PATH (the lab's
                rails are set by `ip`, which no NetworkManager manages)
 - twin         the node's cable in the other QSFP port: its cabled netdevs carry the other port's
                names (enp1s0f1np1 becomes enp1s0f0np0, enP2p1s0f1np1 enP2p1s0f0np0), so ibdev2netdev
@@ -46,26 +46,36 @@ Spark; `heal` undoes it. Applied faults are kept in lab.json.
 - mgmt-cut     the node's `netplan apply` takes its management address down while a file of
                sparkbook's is among its netplan files (simnet.py), as a renderer switch or a bad
                merge does on a real node: `sparkbook fabric apply`'s guard must roll it back
+- slow-cable   the node's first rail (enp1s0f1np1) rate-limited at both ends (--rate) while its link,
+               rate, FEC and error counters all read healthy: the silent degradation of a Spark's
+               ConnectX-7 that only traffic shows (02's perftest measures it; the simulated
+               ib_write_bw streams over the rail)
+- link-errors  the node's first rail's rx_pcs_symbol_err_phy (symbol errors FEC could not correct)
+               climbing from the moment it is applied, 40 a second, in the simulated `ethtool -S`:
+               a cable that starts failing while the model serves
+- xid          an Xid 119 (GSP timeout) in the node's kernel log from the moment it is applied: a
+               simulated `dmesg` (simhost.py) on the node's PATH
+- shard-corrupt  one byte flipped in the middle of the node's largest weights file, its size and
+               modification time kept: a copy that went wrong silently, which names and sizes
+               cannot tell from the head's (01 compares by SHA-256; 03 copies it again)
 """
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import shlex
-import shutil
-import tarfile
 import time
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
 from typing import Callable
 
 from ..serving.plan import plan
 from ..serving.vllm import ENGINE_TITLE
+from . import drift
 from .lab import Lab
-from .nodes import FABRIC_MTU, FABRIC_NS, FAULTS, MGMT_IF, PREFIX, RAILS, LabError, LabNode, docker, sh
+from .nodes import (FABRIC_MTU, FABRIC_NS, FAULTS, HOST_TOOLS, MGMT_IF, PREFIX, RAILS, SIMULATED_TOOLS, LabError,
+                    LabNode, docker, install_tools, sh)
 
 RAIL_NAMES = [r[0] for r in RAILS]
 
@@ -169,15 +179,15 @@ def _stale_gone(s: Site) -> None:
 
 
 def _simulated(tool: str, key: str, value) -> tuple[Callable[[Site], None], Callable[[Site], None]]:
-    """A fault made by a simulated tool (sparkbook/lab/simhw.py) on the node's PATH while it holds,
-    reading ``key`` of the node's state; the tool's link goes with it (not nvidia-smi's: it is
-    simulated anyway)."""
+    """A fault made by a simulated tool (sparkbook/lab/simhw.py, simhost.py) on the node's PATH while
+    it holds, reading ``key`` of the node's state (``value``, or what it returns when the fault is
+    applied: a callable); the tool's link goes with it, unless the lab always simulates the tool."""
     def make(s: Site) -> None:
-        _simulate(s.node, tool, key, value)
+        _simulate(s.node, tool, key, value() if callable(value) else value)
 
     def undo(s: Site) -> None:
         link = s.node.dir / "bin" / tool
-        if tool != "nvidia-smi" and link.is_symlink():
+        if tool not in SIMULATED_TOOLS and link.is_symlink():
             link.unlink()
         _set_state(s.node, key, None)
     return make, undo
@@ -192,42 +202,6 @@ def _twin(f1_to_f0: bool) -> Callable[[Site], None]:
             sh("ip", "-n", s.ns, "link", "set", "dev", old, "name", new)
             sh("ip", "-n", s.ns, "link", "set", "dev", new, "up")
     return rename
-
-
-def _image_drift(s: Site) -> None:
-    image = s.params.runtime.image
-    r = docker(s.node, "image", "inspect", "--format", "{{.Id}}", image, check=False)
-    s.rec["previous"] = r.stdout.strip() if r.returncode == 0 else None
-    tar_path = s.node.dir / "faults" / "drift.tar"
-    with tarfile.open(tar_path, mode="w") as tar:
-        data = f"image drift made by `sparkbook lab fault` at {time.time()}\n".encode()
-        info = tarfile.TarInfo("sparkbook-lab-drift")
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-    s.rec["drift"] = docker(s.node, "import", str(tar_path), image).stdout.strip()
-
-
-def _image_back(s: Site) -> None:
-    image = s.params.runtime.image
-    if s.rec["previous"]:
-        docker(s.node, "tag", s.rec["previous"], image)
-    else:
-        docker(s.node, "rmi", image, check=False)
-    docker(s.node, "rmi", s.rec["drift"], check=False)
-
-
-def _model_drift(s: Site) -> None:
-    cfg = s.node.dir / "models" / Path(s.params.model.path).name / "config.json"
-    backup = s.node.dir / "faults" / "config.json"
-    backup.write_bytes(cfg.read_bytes())
-    data = json.loads(cfg.read_text())
-    data["sparkbook_lab_drift"] = time.time()
-    cfg.write_text(json.dumps(data, indent=2))
-    s.rec["file"], s.rec["backup"] = str(cfg), str(backup)
-
-
-def _model_back(s: Site) -> None:
-    Path(s.rec["file"]).write_bytes(Path(s.rec["backup"]).read_bytes())
 
 
 def _stall(s: Site) -> None:
@@ -291,12 +265,13 @@ def _firewall(action: str) -> Callable[[Site], None]:
     return rules
 
 
-def _slow_link(fec: bool) -> tuple[Callable[[Site], None], Callable[[Site], None]]:
-    """Both ends of each rail rate-limited (tbf: this kernel has no netem); ``fec``: the simulated
-    ethtool says the rails run without forward error correction too."""
+def _slow_link(fec: bool, rails: tuple[str, ...] = tuple(RAIL_NAMES)) -> tuple[Callable[[Site], None], Callable[[Site], None]]:
+    """Both ends of each of ``rails`` rate-limited (tbf: this kernel has no netem); ``fec``: the
+    simulated ethtool says the rails run without forward error correction too."""
     def ends(s: Site):
         for r, ifname in enumerate(RAIL_NAMES):
-            yield from ((s.ns, ifname), (FABRIC_NS, f"{PREFIX}{s.node.index}r{r}"))
+            if ifname in rails:
+                yield from ((s.ns, ifname), (FABRIC_NS, f"{PREFIX}{s.node.index}r{r}"))
 
     def make(s: Site) -> None:
         s.rec["rate"] = s.rate
@@ -324,6 +299,13 @@ STALE_NAME = ENGINE_TITLE  # what the engine's process calls itself; nvidia-smi 
 # The power brake of a Spark whose USB-C power negotiation failed (the GB10 stuck at 500-850 MHz).
 THROTTLE = {"reasons": ["HW Slowdown", "HW Power Brake Slowdown"], "mhz": 513}
 
+# The link-errors fault's counter: FEC could not correct these (mlx5's counters documentation), at a
+# rate a failing cable shows, and the xid fault's line, as a GB10 logged its GSP timing out
+# (the Xid 119 of a DGX Spark; tests/fixtures/xid-*.txt hold real lines with their sources).
+CLIMBING, CLIMB_PER_S = "rx_pcs_symbol_err_phy", 40.0
+XID_LINE = ("NVRM: Xid (PCI:000f:01:00): 119, pid=4242, name=python3, Timeout after 45s of waiting for "
+            "RPC response from GPU0 GSP!")
+
 # Every fault: how it is made, how it is undone (the module's docstring says what each is).
 TABLE: dict[str, tuple[Callable[[Site], None], Callable[[Site], None]]] = {
     "node-down": (_node_down, _node_up),
@@ -331,8 +313,8 @@ TABLE: dict[str, tuple[Callable[[Site], None], Callable[[Site], None]]] = {
     "rail-down": (_rail_down, _rail_up),
     "docker-down": (_docker_down, _docker_up),
     "port-busy": (_port_busy, _port_free),
-    "image-drift": (_image_drift, _image_back),
-    "model-drift": (_model_drift, _model_back),
+    "image-drift": (drift.image_drift, drift.image_back),
+    "model-drift": (drift.model_drift, drift.model_back),
     "slow-link": _slow_link(fec=False),
     "stall": (_stall, _unstall),
     "spin": _worker_flag("spin"),
@@ -348,6 +330,11 @@ TABLE: dict[str, tuple[Callable[[Site], None], Callable[[Site], None]]] = {
     "twin": (_twin(True), _twin(False)),
     "mgmt-cut": (lambda s: _set_state(s.node, "netplan_cuts_management", True),
                  lambda s: _set_state(s.node, "netplan_cuts_management", None)),
+    "slow-cable": _slow_link(fec=False, rails=(RAIL_NAMES[0],)),
+    "link-errors": _simulated("ethtool", "link_errors", lambda: {
+        "netdevs": [RAIL_NAMES[0]], "counter": CLIMBING, "since": time.time(), "per_s": CLIMB_PER_S}),
+    "xid": _simulated("dmesg", "xid", lambda: [{"at": time.time(), "line": XID_LINE}]),
+    "shard-corrupt": (drift.shard_corrupt, drift.shard_back),
 }
 
 
@@ -432,16 +419,14 @@ def _stale_process(lab: Lab, node: LabNode) -> int:
 
 
 def _simulate(node: LabNode, tool: str, key: str, value) -> None:
-    """``tool`` on the node's PATH as simhw.py, reading ``key`` of the node's state. The node's copy
-    of simhw.py is refreshed first: a lab that is up may predate the tool."""
+    """``tool`` on the node's PATH as simhw.py (simhost.py for a host's tool), reading ``key`` of
+    the node's state. The node's simulated tools are refreshed first: a lab that is up may predate
+    the tool."""
     bin_dir = node.dir / "bin"
-    fresh = bin_dir / ".simhw.py.new"
-    shutil.copyfile(Path(__file__).with_name("simhw.py"), fresh)
-    fresh.chmod(0o755)
-    fresh.replace(bin_dir / "simhw.py")
+    install_tools(node)
     _set_state(node, key, value)
     if not (bin_dir / tool).is_symlink():
-        (bin_dir / tool).symlink_to(bin_dir / "simhw.py")
+        (bin_dir / tool).symlink_to(bin_dir / ("simhost.py" if tool in HOST_TOOLS else "simhw.py"))
 
 
 def _set_state(node: LabNode, key: str, value) -> None:

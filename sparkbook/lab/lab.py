@@ -43,7 +43,7 @@ from .host import links as _links  # by this name: tests replace it
 from .image import DEFAULT, ensure, seed_images, stack
 from .procs import is_init, kill_init
 from .nodes import (BASHRC, BOOT_ID, BOOT_MTU, FABRIC_MTU, FABRIC_NS, LAB_HOME, MAX_NODES, MGMT_BRIDGE, MGMT_IF, MGMT_NET,
-                    NETPLAN, NICS, PREFIX, RAILS, RUN, SIMULATED_TOOLS, VARLIB, LabError, LabNode, docker, lab_nodes,
+                    NETPLAN, NICS, PREFIX, RAILS, RUN, VARLIB, LabError, LabNode, docker, install_tools, lab_nodes,
                     lab_params, netplan_files, params_file, sh)
 
 
@@ -144,6 +144,8 @@ class Lab:
                 return params_file(n)
             problems = self.healthy()
             if not problems:
+                for node in lab_nodes(n):  # a lab made by an older checkout gets this one's tools
+                    install_tools(node)
                 say(f"lab: {n} nodes already up and healthy; nothing to change")
                 return params_file(n)
             say("lab: the lab is unhealthy (" + "; ".join(problems) + "); rebuilding it")
@@ -264,13 +266,7 @@ class Lab:
                 sh("ip", "-n", ns, "addr", "add", f"{node.rail_ip(r)}/24", "dev", ifname)
             sh("ip", "-n", ns, "link", "set", ifname, "up")
         # Simulated hardware: the tools on the node's PATH and the state they read.
-        # A copy in the node's folder: the checkout may sit where the node does not see it (under
-        # /tmp, which is the node's own).
-        simhw = d / "bin" / "simhw.py"
-        shutil.copyfile(Path(__file__).with_name("simhw.py"), simhw)
-        simhw.chmod(0o755)
-        for tool in SIMULATED_TOOLS:
-            (d / "bin" / tool).symlink_to(simhw)
+        install_tools(node)
         # netplan's own parser and generator, applied as the node's networkd would (simnet.py)
         shutil.copyfile(Path(__file__).with_name("simnet.py"), d / "bin" / "netplan")
         (d / "bin" / "netplan").chmod(0o755)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,8 +36,11 @@ BOOT_ID = Path("/proc/sys/kernel/random/boot_id")  # ... and here: a boot ID of 
 MAX_NODES = 32
 FAULTS = ("node-down", "mtu", "rail-down", "docker-down", "port-busy", "image-drift",
           "model-drift", "slow-link", "stall", "spin", "compile", "firewall", "stale", "clock", "disk",
-          "throttle", "fec", "cpu-quota", "dhcp", "twin", "mgmt-cut")
+          "throttle", "fec", "cpu-quota", "dhcp", "twin", "mgmt-cut", "slow-cable", "link-errors", "xid",
+          "shard-corrupt")
 SIMULATED_TOOLS = ("nvidia-smi", "ibdev2netdev", "ibstat", "ibv_devinfo", "ethtool", "show_gids")
+PERFTEST_TOOLS = ("ib_write_bw", "ib_write_lat")  # simperf.py: a real stream over the rail
+HOST_TOOLS = ("date", "df", "nmcli", "dmesg")  # simhost.py: linked only while a fault needs one
 TEMPLATE = project_root() / "parameters" / "lab.yaml"
 
 
@@ -174,3 +178,19 @@ def running_nodes(home: Path = LAB_HOME) -> list[LabNode]:
     except (OSError, ValueError):
         return []
     return [] if state.get("down_failed") else lab_nodes(len(state["nodes"]))
+
+
+def install_tools(node: LabNode) -> None:
+    """The simulated hardware tools on the node's PATH (its ``bin/``): simhw.py's and simperf.py's
+    (simhost.py's are linked by the faults that need them),
+    each a copy in the node's folder (the checkout may sit where the node does not see it: under
+    /tmp, which is the node's own), each tool a link to its program. Idempotent."""
+    bin_dir = node.dir / "bin"
+    for program, tools in (("simhw.py", SIMULATED_TOOLS), ("simperf.py", PERFTEST_TOOLS), ("simhost.py", ())):
+        fresh = bin_dir / f".{program}.new"
+        shutil.copyfile(Path(__file__).with_name(program), fresh)
+        fresh.chmod(0o755)
+        fresh.replace(bin_dir / program)
+        for tool in tools:
+            if not (bin_dir / tool).is_symlink():
+                (bin_dir / tool).symlink_to(bin_dir / program)

@@ -1,7 +1,7 @@
 #!/usr/bin/python3 -IS
 """Simulated DGX Spark hardware tools for the lab: nvidia-smi, ibdev2netdev, ibstat, ibv_devinfo,
-ethtool and show_gids, installed on each lab node's PATH under those names (links to this file); and `date`
-and `df`, linked there only while a fault (clock, disk) skews the clock or fills the disks.
+ethtool and show_gids, installed on each lab node's PATH under those names (links to this file). The
+host's tools a fault changes (date, df, nmcli, dmesg) are simhost.py's; perftest is simperf.py's.
 
 They print the formats that these tools print on a real DGX Spark (GB10 GPU, ConnectX-7 in RoCE
 mode; real samples with their sources are in ../shared/field-samples), driven by the node's real
@@ -302,7 +302,9 @@ def ethtool(args: list[str], s: dict) -> int:
               f"bus-info: {nic['bus'] if nic else ''}")
         return 0
     if "--show-fec" in args:
-        return show_fec(name, nic, link, s)
+        return show_fec(name, nic, link, s, statistics="-I" in args or "--include-statistics" in args)
+    if "-S" in args or "--statistics" in args:
+        return stats(name, nic, s)
     up = is_up(link)
     speed = f"{s['speed_mbps']}Mb/s" if up and nic else "Unknown!"
     print(f"Settings for {name}:")
@@ -326,16 +328,56 @@ def ethtool(args: list[str], s: dict) -> int:
 
 # ------------------------------------------------------------------------- FEC and RoCE GIDs
 
-def show_fec(name: str, nic: dict | None, link: dict, s: dict) -> int:
-    """`ethtool --show-fec IF` as ethtool's netlink code prints it: RS on an up CX-7 port, as on a
-    healthy Spark at 200G; the state's "fec" (netdev -> mode) overrides it: the `fec` fault sets
-    None, what a Spark printed after its cable was moved."""
+def show_fec(name: str, nic: dict | None, link: dict, s: dict, statistics: bool = False) -> int:
+    """`ethtool [-I] --show-fec IF` as ethtool's netlink code prints it: RS on an up CX-7 port, as
+    on a healthy Spark at 200G; the state's "fec" (netdev -> mode) overrides it: the `fec` fault sets
+    None, what a Spark printed after its cable was moved. With -I, the block counts' totals, as mlx5
+    reports them in RS mode (the `link-errors` fault can make uncorrectable_blocks climb)."""
     if nic is None:
         print("netlink error: Operation not supported", file=sys.stderr)
         return 1
     print(f"FEC parameters for {name}:")
     print("Supported/Configured FEC encodings: Auto")
     print(f"Active FEC encoding: {s.get('fec', {}).get(name, 'RS' if is_up(link) else 'None')}")
+    if statistics:
+        print("Statistics:")
+        for counter in ("corrected_blocks", "uncorrectable_blocks"):
+            print(f"  {counter}: {climbed(s, name, counter)}")
+    return 0
+
+
+# mlx5's physical port counters of `ethtool -S` (their names as a ConnectX prints them: a real
+# output in tests/fixtures/ethtool-S-mlx5-cx4-1.txt; the lanes' raw errors as newer kernels add them)
+PHY_COUNTERS = ("rx_crc_errors_phy", "rx_in_range_len_errors_phy", "rx_symbol_err_phy", "rx_discards_phy",
+                "tx_discards_phy", "tx_errors_phy", "link_down_events_phy", "rx_pcs_symbol_err_phy",
+                "rx_corrected_bits_phy", "rx_err_lane_0_phy", "rx_err_lane_1_phy", "rx_err_lane_2_phy",
+                "rx_err_lane_3_phy", "rx_pci_signal_integrity", "tx_pci_signal_integrity")
+
+
+def climbed(s: dict, netdev: str, counter: str) -> int:
+    """A counter's value: 0, or what the `link-errors` fault has added since it began (its
+    state["link_errors"]: the netdevs, the counter, when it began, how many a second)."""
+    f = s.get("link_errors") or {}
+    if counter != f.get("counter") or netdev not in f.get("netdevs", ()):
+        return 0
+    return int(max(0.0, time.time() - f["since"]) * f["per_s"])
+
+
+def stats(name: str, nic: dict | None, s: dict) -> int:
+    """`ethtool -S IF`: the netdev's real byte and packet counts (`ip -s link`) as mlx5 names them,
+    and its physical port counters, clean unless a fault makes one climb."""
+    if nic is None:
+        print("no stats available", file=sys.stderr)
+        return 94
+    print("NIC statistics:")
+    out = subprocess.run(["ip", "-j", "-s", "link", "show", "dev", name], capture_output=True, text=True)
+    counts = json.loads(out.stdout or "[{}]")[0].get("stats64", {})
+    for counter in ("rx_packets", "rx_bytes", "tx_packets", "tx_bytes"):
+        value = counts.get(counter[:2], {}).get(counter[3:], 0)
+        print(f"     {counter}: {value}")
+        print(f"     {counter}_phy: {value}")
+    for counter in PHY_COUNTERS:
+        print(f"     {counter}: {climbed(s, name, counter)}")
     return 0
 
 
@@ -376,64 +418,8 @@ def show_gids(args: list[str], s: dict) -> int:
     return 0
 
 
-# ------------------------------------------------------------------------------------ host
-# Linked onto a node's PATH only while a fault needs them (sparkbook/lab/faults.py: clock, disk, dhcp);
-# everything else they pass to the real tool.
-
-TIME_GIVEN = ("-d", "--date", "-s", "--set", "-r", "--reference", "-f", "--file")
-
-
-def date(args: list[str], s: dict) -> int:
-    """The real date, told that now is ``clock_offset_s`` seconds later (the lab's nodes share
-    this machine's clock: a skewed one can only be simulated)."""
-    if not any(a.startswith(TIME_GIVEN) for a in args):
-        args = ["-d", f"@{time.time() + float(s.get('clock_offset_s', 0)):.9f}", *args]
-    os.execv("/bin/date", ["date", *args])
-
-
-def df(args: list[str], s: dict) -> int:
-    """The real df with at most ``disk_free_kb`` available on each filesystem, in 1K blocks (as
-    `df -Pk` prints them, which sparkbook's inventory.sh reads); other units pass unchanged."""
-    limit = s.get("disk_free_kb")
-    if limit is None or any(re.match(r"-[^-]*[hHmB]|--(human|si|block)", a) for a in args):
-        os.execv("/bin/df", ["df", *args])
-    r = subprocess.run(["/bin/df", *args], capture_output=True, text=True)
-    lines = r.stdout.splitlines()
-    for i, line in enumerate(lines[1:], 1):
-        f = line.split()
-        if len(f) >= 6 and f[2].isdigit() and f[3].isdigit():
-            used, avail = int(f[2]), min(int(f[3]), int(limit))
-            f[3], f[4] = str(avail), f"{-(-100 * used // max(used + avail, 1))}%"
-            lines[i] = " ".join(f)
-    sys.stdout.write("".join(ln + "\n" for ln in lines))
-    sys.stderr.write(r.stderr)
-    return r.returncode
-
-
-def nmcli(args: list[str], s: dict) -> int:
-    """NetworkManager as `nmcli [--escape no] -g FIELD device show IF` and `... -g FIELD connection
-    show id NAME` answer (nmcli(1): -g prints the value alone): ``nm_dhcp``'s interface on its profile, set
-    by DHCP (ipv4.method auto); every other interface unmanaged (an empty connection)."""
-    nm = s.get("nm_dhcp") or {}
-    if args[:2] == ["--escape", "no"]:
-        args = args[2:]
-    if args[:1] != ["-g"] or len(args) < 5:
-        print("sparkbook lab: this simulated nmcli answers only -g FIELD device|connection show ...", file=sys.stderr)
-        return 2
-    field, what, target = args[1], args[2], args[-1]
-    if what == "device" and field == "GENERAL.CONNECTION":
-        print(nm.get("connection", "") if target == nm.get("interface") else "")
-    elif what == "connection" and field == "ipv4.method" and target == nm.get("connection"):
-        print("auto")
-    else:
-        print(f"Error: {target!r} not found.", file=sys.stderr)
-        return 10
-    return 0
-
-
 TOOLS = {"nvidia-smi": nvidia_smi, "ibdev2netdev": ibdev2netdev, "ibstat": ibstat,
-         "ibv_devinfo": ibv_devinfo, "ethtool": ethtool, "show_gids": show_gids, "date": date, "df": df,
-         "nmcli": nmcli}
+         "ibv_devinfo": ibv_devinfo, "ethtool": ethtool, "show_gids": show_gids}
 
 
 def main(argv: list[str]) -> int:

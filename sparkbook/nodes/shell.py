@@ -22,9 +22,11 @@ SCRIPTS = Path(__file__).parents[1] / "scripts"
 
 @dataclass(frozen=True)
 class Script:
-    """A node-side shell program, ``sparkbook/scripts/NAME``, with its arguments. It runs as
-    ``bash -c TEXT NAME ARGS...`` (nothing is copied to the node; the values are ``$1``, ``$2``...,
-    never part of the program) and is shown as the command a person runs by hand on a node."""
+    """A node-side program, ``sparkbook/scripts/NAME``, with its arguments. A shell script runs as
+    ``bash -c TEXT NAME ARGS...``, a Python one (``.py``) as ``python3 -I -c TEXT ARGS...`` with the
+    node's python3, isolated from its environment: nothing is copied to the node, the values are
+    arguments, never part of the program, and it is shown as the command a person runs by hand on
+    a node."""
 
     name: str
     args: tuple[str, ...] = ()
@@ -33,12 +35,22 @@ class Script:
     def text(self) -> str:
         return (SCRIPTS / self.name).read_text()
 
+    @property
+    def interpreter(self) -> list[str]:
+        return ["python3", "-I"] if self.name.endswith(".py") else ["bash"]
+
     def __str__(self) -> str:
-        return shlex.join(["bash", f"sparkbook/scripts/{self.name}", *self.args])
+        return shlex.join([*self.interpreter, f"sparkbook/scripts/{self.name}", *self.args])
+
+    def argv(self) -> list[str]:
+        """The arguments that run it without the file."""
+        if self.name.endswith(".py"):
+            return [*self.interpreter, "-c", self.text, *self.args]
+        return ["bash", "-c", self.text, self.name, *self.args]
 
     def program(self) -> str:
         """The one-line shell form that runs it without the file."""
-        return shlex.join(["bash", "-c", self.text, self.name, *self.args])
+        return shlex.join(self.argv())
 
 
 @dataclass(frozen=True)
@@ -125,7 +137,7 @@ def wrap(cmd: Command, timeout: float, env: Mapping[str, str] | None = None) -> 
     if env:
         parts += ["env", *[f"{k}={v}" for k, v in env.items()]]
     if isinstance(cmd, Script):
-        parts += ["bash", "-c", cmd.text, cmd.name, *cmd.args]
+        parts += cmd.argv()
     elif isinstance(cmd, Bundle):
         parts += ["bash", "-c", cmd.program()]
     else:

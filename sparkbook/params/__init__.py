@@ -160,8 +160,9 @@ class ModelSpec(Section):
                                   "01's memory fit estimates the weights from it until the model is on "
                                   "the head")
     verify: Literal["configs", "all"] = Field(
-        "configs", description="what the model manifest hashes besides names and sizes: the "
-        "config, tokenizer and index files, or every file (slow for 100 GB)")
+        "all", description="what 01 and 03 compare by SHA-256 besides names and sizes: every file "
+        "(each node's digests are cached by device, inode, size and times, so only new or changed "
+        "files are read again), or only the config, tokenizer and index files")
 
 
 class Serving(Section):

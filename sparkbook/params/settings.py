@@ -46,6 +46,14 @@ class Expectations(Section):
     memory_bandwidth_gbs: float | None = Field(None, gt=0, le=100_000, description="each node's memory "
                                                "bandwidth, GB/s (GB10: 273): the ceiling of single-user "
                                                "decode speed (07's plausibility rows); None: not judged")
+    rdma_gbps: float | None = Field(None, gt=0, le=10_000, description="each rail's RDMA write "
+                                    "bandwidth bar, one direction, Gb/s (ib_write_bw's average, 02); "
+                                    "None: reported and compared between directions, not held to a bar")
+    rdma_latency_us: float | None = Field(None, gt=0, le=1_000_000, description="each rail's RDMA "
+                                          "write latency bar, microseconds (ib_write_lat's typical); "
+                                          "None: reported, not judged")
+    rdma_source: str = Field("", max_length=500, description="where the RDMA bars come from (a "
+                             "measurement, a public source): shown beside them in 02's verdict")
     verdicts_hold_h: float = Field(24, gt=0, le=24 * 365, description="how long a step's verdict holds "
                                    "for the steps that build on it, hours (05 and 07 refuse a preflight "
                                    "older than this); a reboot of a node it read ends it sooner")
@@ -62,6 +70,25 @@ class Expectations(Section):
                 raise ValueError(f"{v!r} is not a version range: write PEP 440 specifiers such as "
                                  "'>=580.95' or '>=580.95,<590'") from None
         return v
+
+
+class Rdma(Section):
+    """02's measurement of each cable: perftest's ``ib_write_bw`` one way, the other way and both at
+    once, and ``ib_write_lat``, between every pair of nodes on every rail (nodes on the rail's subnet),
+    disjoint pairs at the same time."""
+
+    run: Literal["auto", "on", "off"] = Field(
+        "auto", description="auto: on the rails that name their HCA, where perftest is installed (a "
+        "node without it is a SKIP); on: a node without perftest fails; off: not measured")
+    duration_s: float = Field(3, gt=0, le=600, description="seconds of each bandwidth test (ib_write_bw -D)")
+    size: int = Field(65536, ge=2, le=2**30, description="message size in bytes of the bandwidth "
+                      "tests (-s; perftest's default; on GB10 ib_write_bw fails above 64 KiB: "
+                      "linux-rdma/perftest#394)")
+    qps: int = Field(4, ge=1, le=64, description="queue pairs of each bandwidth test (-q; NVIDIA's "
+                     "check-connectx-bandwidth for DGX Spark uses 4)")
+    latency_iters: int = Field(1000, ge=5, le=COUNT, description="round trips of the latency test (ib_write_lat -n)")
+    port: int = Field(18515, ge=1, le=65535, description="the TCP port perftest's server takes the "
+                      "client's connection details on (perftest's default)")
 
 
 class Collectives(Section):
@@ -81,6 +108,12 @@ class Collectives(Section):
     timeout_s: float = Field(600, gt=0, le=DAY, description="hard limit for the whole sweep")
     backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="auto: nccl with GPUs, else gloo")
     master_port: int | None = Field(None, ge=1, le=65535, description="default: ports.master + 1")
+    pairs: Literal["auto", "off"] = Field("auto", description="auto: when the all-reduce across "
+                                          "more than two nodes fails or is below its bar, 02 runs it "
+                                          "on every pair of nodes and names the node or link at "
+                                          "fault; off: never")
+    rdma: Rdma = Field(default_factory=Rdma, description="02's measurement of each "
+                         "cable: perftest between every pair of nodes on every rail")
 
     @field_validator("min_size_mb")
     @classmethod

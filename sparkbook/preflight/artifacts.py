@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 from typing import Iterator
 
-from ..book.tables import short_id
+from ..book.tables import human_bytes, short_id
 from ..book.verdict import FAIL, PASS, SKIP, WARN, Check, run_step
 from ..facts.identity import ImageIdentity, same_image
-from ..facts.manifest import describe_differences, manifest_differences, split_extras
+from ..facts.manifest import describe_differences, manifest_differences, node_script, split_extras
 from ..params import Params
 from .collect import Preflight
 
@@ -44,7 +44,11 @@ def model(params: Params, pf: Preflight) -> Iterator[Check]:
     ref = pf.nodes[head]["model"] if head in pf.nodes else None
     for node in pf.up(params):
         files = pf.nodes[node.name]["model"]
-        if files is None:
+        if error := pf.nodes[node.name].get("model_error"):
+            yield Check("model", node.name, FAIL, f"the manifest of {m.path} could not be read: {error}",
+                        "the model on every node", "read the error; check the folder's permissions on the node",
+                        str(node_script(params, node)))
+        elif files is None:
             fetched = m.source == "hf"  # 03 downloads it onto the head, then copies it
             yield Check("model", node.name, FAIL if node.name == head and not fetched else WARN,
                         f"{m.path} absent", "the model on every node",
@@ -60,9 +64,10 @@ def model(params: Params, pf: Preflight) -> Iterator[Check]:
             diff = describe_differences(differ)
             yield Check("model", node.name, FAIL if diff else PASS,
                         "differs: " + ", ".join(diff[:6]) + (" ..." if len(diff) > 6 else "") if diff
-                        else f"identical to {head} ({len(files)} files)", f"identical to {head}",
+                        else f"identical to {head} ({len(files)} files, {how(params, pf, node.name)})",
+                        f"identical to {head}",
                         run_step("03_distribute_image") + ": its model sync copies the differing files from the head"
-                        if diff else "", f"find {m.path} -type f; sha256sum")
+                        if diff else "", str(node_script(params, node)))
             if extras:  # another model in the same folder, say: never sparkbook's to delete
                 yield Check("model extras", node.name, WARN,
                             f"{len(extras)} file(s) the head lacks: " + ", ".join(extras[:5])
@@ -70,6 +75,14 @@ def model(params: Params, pf: Preflight) -> Iterator[Check]:
                             f"only the model's files under {m.path}",
                             "kept (03_distribute_image.ipynb never deletes them); "
                             "distribution.delete_extras: true deletes them")
+
+
+def how(params: Params, pf: Preflight, node: str) -> str:
+    """How a worker's files were compared with the head's: by content or by size, and what it read."""
+    if params.model.verify != "all":
+        return "by size; the config files by SHA-256"
+    got = pf.nodes[node].get("model_read")
+    return "by SHA-256" + (f"; hashing read {human_bytes(got[0])}, the rest cached" if got else "")
 
 
 def hf_token(params: Params, pf: Preflight) -> Iterator[Check]:

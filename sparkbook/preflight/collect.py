@@ -5,13 +5,14 @@ for the clocks, and one for TCP between the nodes on the serving ports."""
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypedDict
 
 from ..book.step import Outcome
 from ..facts import identity, inventory, memfit
 from ..facts.inventory import NodeFacts, NodeRow
-from ..facts.manifest import Manifest, manifest_script, parse_manifest
+from ..facts.manifest import Manifest, manifests
 from ..facts.parsers import (Fec, Gid, IbDevice, LinkSpeed, RailMap, SmiTable, parse_ethtool,
                              parse_fec_sections, parse_ibdev2netdev, parse_ibstat, parse_ibv_devinfo,
                              parse_nvidia_smi_table, parse_sections, parse_show_gids)
@@ -63,7 +64,9 @@ class NodeReport(TypedDict):
     processes: list[str]  # "PID COMMAND LINE" of possibly stale processes
     containers: list[list[str]]  # [name, image, status]
     image: dict | None  # the parameters' image: identity.py's fields of `docker image inspect`; None: absent
-    model: Manifest | None  # None: the model's folder is absent
+    model: Manifest | None  # None: the model's folder is absent (or unreadable: model_error)
+    model_error: str | None  # why the manifest could not be read
+    model_read: tuple[int, int] | None  # bytes and files read to hash it (the rest from the cache)
     peers_ssh: dict[str, tuple[str, bool]]  # peer -> (target, answered): see ssh_peers
     skew_s: float | None  # clock against this machine's
     skew_error_s: float | None  # how far off skew_s can be: half the round trip it was read in
@@ -115,7 +118,6 @@ def node_bundle(params: Params, node: Node) -> Bundle:
              ("ping", script("path_mtu.sh", params.expectations.mtu - 28, *pings)),
              ("in-use", script("in_use.sh", STALE)),
              ("runtime", runtime),
-             ("model", manifest_script(params.model.path, params.model.verify == "all")),
              ("host", script("host_state.sh", *(r.interface for r in node.rails))),
              ("memfit", memfit.node_script(params, node))]
     reaches = ssh_peers(params, node)
@@ -168,7 +170,9 @@ def parse(stdout: str) -> NodeReport:
         "processes": [ln.strip() for ln in s.get("processes", "").splitlines() if ln.strip()],
         "containers": [ln.split("\t") for ln in s.get("containers", "").splitlines() if ln.strip()],
         "image": identity.parse(s.get("image", "")),
-        "model": parse_manifest(s.get("model", "absent")),
+        "model": None,  # gather's: read beside the bundle, under its own time limit
+        "model_error": None,
+        "model_read": None,
         "peers_ssh": {p[0]: (p[1], p[2] == "0") for p in (ln.split() for ln in s.get("peers-ssh", "").splitlines())
                       if len(p) == 3},
         "skew_s": None,
@@ -207,9 +211,19 @@ def gather(params: Params, cluster: Cluster) -> Preflight:
     between the nodes (except in a ring, whose routes between nodes without a cable are unknown,
     and where nodes share a fabric address: :func:`sparkbook.preflight.tcp.shared`)."""
     # the C locale for every script: the parsers read the tools' untranslated output
-    results = cluster.run(lambda n: node_bundle(params, n), timeout=min(params.ssh.command_timeout, 60),
-                          env={"LC_ALL": "C"})
+    # the model's manifest hashes every file the first time (minutes for 100 GB): beside the
+    # bundle, at once, under the distribution's limit
+    read: dict[str, tuple[int, int]] = {}
+    with ThreadPoolExecutor(1) as pool:
+        models = pool.submit(manifests, params, cluster, None, read)
+        results = cluster.run(lambda n: node_bundle(params, n), timeout=min(params.ssh.command_timeout, 60),
+                              env={"LC_ALL": "C"})
+        found = models.result()
     nodes = {n.name: parse(results[n.name].stdout) for n in params.nodes if results[n.name].error is None}
+    for name, facts in nodes.items():
+        m = found.get(name)
+        facts["model"], facts["model_error"] = (None, m) if isinstance(m, str) else (m, None)
+        facts["model_read"] = read.get(name)
     errors = {n.name: results[n.name].error or "" for n in params.nodes if results[n.name].error is not None}
     for name, (skew, error) in clock_skews(cluster, list(nodes)).items():
         nodes[name]["skew_s"], nodes[name]["skew_error_s"] = skew, error

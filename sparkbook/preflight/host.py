@@ -15,25 +15,10 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from ..book.verdict import FAIL, PASS, SKIP, WARN, Check
+from ..facts.health import SLOWDOWNS
 from ..params import Node, Params
 from .collect import NodeReport, Preflight
 
-# Clock event reasons that hold a GPU's clocks down, with the verdict and the remedy. Every other
-# reason (Idle, Applications Clocks Setting, Sync Boost, Display Clock Setting) is normal.
-POWER_CYCLE = ("power-cycle the Spark fully: shut it down, unplug the power brick from the wall "
-               "and from the Spark for 60 s, reconnect (a bad USB-C power negotiation holds the GB10 "
-               "at 500-850 MHz); check the brick and its cable; if it persists, RMA")
-SLOWDOWNS = {
-    "HW Power Brake Slowdown": (FAIL, "the power supply brakes the GPU: " + POWER_CYCLE),
-    "HW Thermal Slowdown": (FAIL, "the GPU is too hot: clear the vents, give the Spark room to "
-                            "breathe, let it cool before launching"),
-    "HW Slowdown": (FAIL, "hardware halves the clocks or worse (power delivery or heat): " + POWER_CYCLE
-                    + "; clear the vents"),
-    "SW Thermal Slowdown": (WARN, "the driver holds clocks down for heat: improve airflow; if it "
-                            "recurs under load, cap the clocks (`sudo nvidia-smi -lgc 0,2400`)"),
-    "SW Power Cap": (WARN, "the driver caps power before anything runs: stop what uses the GPU "
-                     "(`nvidia-smi`); with nothing running, " + POWER_CYCLE),
-}
 SWAP_WARN_KB = 1 << 20  # 1 GiB of swap in use before the launch: memory was short
 
 

@@ -7,16 +7,8 @@ from __future__ import annotations
 import re
 from typing import TypedDict
 
+from ..facts.health import GpuClocks, parse_nvidia_smi_q
 from ..facts.parsers import parse_key_values, parse_meminfo
-
-
-class GpuClocks(TypedDict):
-    """One GPU of ``nvidia-smi -q``: what GB10 reports as N/A is left out."""
-    bus_id: str
-    pstate: str | None  # Performance State: P0 .. P12
-    reasons: dict[str, bool]  # "Clocks Event Reasons" (formerly "Clocks Throttle Reasons") -> Active
-    clocks: dict[str, int]  # "Clocks": Graphics, SM, Memory, Video -> MHz
-    max_clocks: dict[str, int]  # "Max Clocks": the same, MHz
 
 
 class HostState(TypedDict):
@@ -29,46 +21,6 @@ class HostState(TypedDict):
     nm: dict[str, dict[str, str]] | None
     # rail interface -> the files naming it (netplan, networkd, ifupdown; "?FILE" one not readable)
     persist: dict[str, list[str]]
-
-
-REASON_HEADERS = ("Clocks Event Reasons", "Clocks Throttle Reasons")  # driver >= 535 / before
-GPU_LINE = re.compile(r"^GPU ([0-9A-Fa-f]{4,}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])\s*$")
-MHZ = re.compile(r"^(\d+) MHz$")
-
-
-def parse_nvidia_smi_q(text: str) -> list[GpuClocks]:
-    """The GPUs of ``nvidia-smi -q`` (any ``-d`` selection): a block per ``GPU <bus id>`` line, in
-    which a line without a value opens a section its deeper lines belong to. Only the nearest
-    section counts, so the "Clocks Event Reasons Counters" (the same names, in microseconds) and
-    the application clocks are not mistaken for the reasons and the clocks."""
-    gpus: list[GpuClocks] = []
-    stack: list[tuple[int, str]] = []  # (indent, section) of the open sections
-    for line in text.splitlines():
-        body = line.strip()
-        if not body:
-            continue
-        indent = len(line) - len(line.lstrip())
-        if m := GPU_LINE.match(body):
-            gpus.append({"bus_id": m[1], "pstate": None, "reasons": {}, "clocks": {}, "max_clocks": {}})
-            stack = [(indent, "GPU")]
-            continue
-        while stack and stack[-1][0] >= indent:
-            stack.pop()
-        key, sep, value = body.partition(":")
-        key, value = key.strip(), value.strip()
-        if not sep or not value:
-            stack.append((indent, key))
-            continue
-        if not gpus or not stack:
-            continue  # the log's header: timestamp, driver, attached GPUs
-        gpu, section = gpus[-1], stack[-1][1]
-        if key == "Performance State":
-            gpu["pstate"] = value
-        elif section in REASON_HEADERS and value in ("Active", "Not Active"):
-            gpu["reasons"][key] = value == "Active"
-        elif section in ("Clocks", "Max Clocks") and (mhz := MHZ.match(value)):
-            gpu["clocks" if section == "Clocks" else "max_clocks"][key] = int(mhz[1])
-    return gpus
 
 
 def parse_host_state(sections: dict[str, str]) -> HostState | None:

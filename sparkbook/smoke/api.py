@@ -81,6 +81,7 @@ class SmokeTest(Outcome):
     checks: list[Check] = field(default_factory=list)
     burn_in: BurnIn | None = None
     known_answers: KnownAnswers | None = None
+    health: dict | None = None  # the serving nodes' health during the burn-in (sparkbook.serving.health)
 
 
 def _short(text: str | None, n: int = 40) -> str:

@@ -13,6 +13,7 @@ from ..book.tables import Table
 from ..book.verdict import Check
 from ..params import Params
 from ..record import fingerprint
+from ..serving import health as serving_health
 from ..serving.commands import api_key
 
 if TYPE_CHECKING:
@@ -30,10 +31,14 @@ def run(ctx: Context, **kw: Any) -> Results:
     p, key = ctx.params, api_key(ctx.params)
     # the model's config.json from the head for the plausibility ceiling (bench.ceiling), before the load
     limit = ceiling.fetch(p, ctx.cluster) if p.expectations.memory_bandwidth_gbs else None
-    with bench_server.for_run(p, lambda: ctx.cluster, ctx.run_dir, api_key=key, say=kw.get("say", print)):
+    with bench_server.for_run(p, lambda: ctx.cluster, ctx.run_dir, api_key=key, say=kw.get("say", print)), \
+            serving_health.watch(p, ctx.cluster, "benchmark") as watch:
         res = load.run(p.endpoint, p.served_model, p.benchmark, max_model_len=p.serving.max_model_len,
                        api_key=key or "EMPTY", **kw)
     res.ceiling = limit
+    watch.save(ctx.run_dir)
+    res.health = watch.summary([(lv.label, lv.started_at, lv.started_at + lv.duration_s)
+                                for lv in res.levels if lv.started_at is not None])
     return res
 
 
@@ -53,7 +58,8 @@ def table(outcome: Results) -> Table:
 
 
 def checks(params: Params, outcome: Results) -> list[Check]:
-    return bench_checks.checks(outcome, params.benchmark.references) + ceiling.checks(outcome)
+    return bench_checks.checks(outcome, params.benchmark.references) + ceiling.checks(outcome) + \
+        serving_health.checks(outcome.health, "07's levels")
 
 
 def plots(ctx: Context, outcome: Results) -> dict[str, Any]:

@@ -5,12 +5,14 @@ cell of its own whose checks join the smoke test's verdict."""
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from ..book.tables import Table
 from ..book.verdict import COLOURS, Check
 from ..params import Params
 from ..record import fingerprint
+from ..serving import health as serving_health
 from ..serving.commands import api_key
 from ..smoke import api as smoke, burnin, known_answers as known
 from ..smoke.api import SmokeTest
@@ -36,15 +38,21 @@ def run(ctx: Context, **kw: Any) -> SmokeTest:
     outcome = smoke.run(p.endpoint, p.served_model, reasoning_parser=p.serving.reasoning_parser,
                         tool_call_parser=p.serving.tool_call_parser, api_key=api_key(p) or "EMPTY", **kw)
     outcome.burn_in = next((o for o in ctx.outcomes if isinstance(o, BurnIn)), None)
+    outcome.health = next((o.health for o in ctx.outcomes if isinstance(o, SmokeTest) and o.health), None)
     outcome.known_answers = next((o for o in ctx.outcomes if isinstance(o, KnownAnswers)), None)
     return outcome
 
 
 def burn_in(ctx: Context, outcome: SmokeTest, **kw: Any) -> BurnIn:
     """The burn-in with ``params.smoke`` (``kw``: :func:`sparkbook.smoke.burnin.run`'s options), kept in
-    the run folder and in ``outcome``, whose verdict it joins."""
+    the run folder and in ``outcome``, whose verdict it joins; the serving nodes' health watched
+    meanwhile (:mod:`sparkbook.serving.health`), its changes in the verdict too."""
     p = ctx.params
-    outcome.burn_in = ctx.record(burnin.run(p.endpoint, p.served_model, p.smoke, api_key=api_key(p) or "EMPTY", **kw))
+    with serving_health.watch(p, ctx.cluster, "burn-in") as watch:
+        outcome.burn_in = ctx.record(burnin.run(p.endpoint, p.served_model, p.smoke, api_key=api_key(p) or "EMPTY", **kw))
+    end = time.time()
+    watch.save(ctx.run_dir)
+    outcome.health = watch.summary([("the soak", end - outcome.burn_in.soak_s, end)] if outcome.burn_in.soak_s else None)
     return outcome.burn_in
 
 
@@ -70,4 +78,5 @@ def table(outcome: SmokeTest) -> Table:
 
 def checks(params: Params, outcome: SmokeTest) -> list[Check]:
     return list(outcome.checks) + (burnin.checks(outcome.burn_in) if outcome.burn_in else []) + \
+        serving_health.checks(outcome.health, "06's burn-in") + \
         (known.checks(outcome.known_answers) if outcome.known_answers else [])
