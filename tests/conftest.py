@@ -192,6 +192,29 @@ def lab(request):
     assert leftovers() == [], "lab down left things behind"
 
 
+@pytest.fixture
+def boots_checked(monkeypatch):
+    """Every lab node (re)started in the test starts its commands only once its new init is ready:
+    the previous boot's ready mark is made old before each start, and the start must return with a
+    fresh one (a stale mark once let `lab reboot` run `netplan apply` before the node's mounts, so
+    its management address never came back and its sshd "did not start"). Judged at the end, so
+    that every init started is recorded and goes with the lab."""
+    from sparkbook.lab.lab import Lab
+    real, stale = Lab._start_init, []
+
+    def start_init(self, node, models_mount):
+        ready = node.dir / "init.ready"
+        if ready.exists():
+            os.utime(ready, (0, 0))
+        pids = real(self, node, models_mount)
+        if not (ready.exists() and ready.stat().st_mtime > 0):
+            stale.append(node.name)
+        return pids
+    monkeypatch.setattr(Lab, "_start_init", start_init)
+    yield
+    assert stale == [], f"started on the last boot's ready mark: {stale}"
+
+
 def _say(request):
     """Lines the whole session sees at once (pytest's own output, not captured)."""
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")

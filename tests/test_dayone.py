@@ -81,7 +81,8 @@ def fresh_from_the_box(lab):
     lab.up(2, say=lambda *_: None)
 
 
-def test_discover_plan_apply_reboot_and_restore_on_nodes_fresh_from_the_box(fresh_from_the_box, tmp_path, capsys):
+def test_discover_plan_apply_reboot_and_restore_on_nodes_fresh_from_the_box(
+        fresh_from_the_box, boots_checked, tmp_path, capsys):
     lab = fresh_from_the_box
     files, addresses = netplan_files(lab), rails(lab)
     assert all(a == ((), 1500) for a in addresses.values()) and len(files) == 2  # management files only

@@ -57,7 +57,8 @@ def down_within(params, bound=60) -> None:
         time.sleep(0.5)
 
 
-def test_the_service_comes_back_after_a_crash_and_every_reboot_and_06_passes_again(lab, cluster, tmp_path, capsys):
+def test_the_service_comes_back_after_a_crash_and_every_reboot_and_06_passes_again(
+        lab, cluster, boots_checked, tmp_path, capsys):
     params = load(LAB_YAML)
     basis = tmp_path / "basis"
     summary = run(LAB_YAML, steps="03,04,05,06", out=basis, report=False)

@@ -315,6 +315,9 @@ class Lab:
             # PID 1 reaps the orphans of the node; bash does so while it waits
             "while :; do sleep 3600 & wait $!; done",
         ]) + "\n")
+        # the previous boot's mark goes first: seen, it would let the node's commands (netplan
+        # apply, sshd) run before this init has made its mounts, reading the machine's /etc/netplan
+        (d / "init.ready").unlink(missing_ok=True)
         log = open(d / "init.log", "w")
         proc = subprocess.Popen(
             ["nsenter", f"--net=/run/netns/{node.netns}", "unshare", "--fork", "--pid",

@@ -96,7 +96,11 @@ class SshServer:
             if self.pidfile.exists() and self._listening():
                 return self
             time.sleep(0.05)
-        raise RuntimeError(f"sshd on {self.address}:{self.port} did not start; see {self.root}/sshd.log")
+        log = self.root / "sshd.log"
+        seen = log.read_text(errors="replace")[-1500:].strip() if log.exists() else "(no log)"
+        raise RuntimeError(f"sshd on {self.address}:{self.port} did not start in {wait:.0f} s "
+                           f"(pid file {'written' if self.pidfile.exists() else 'missing'}, port "
+                           f"{'open' if self._listening() else 'closed'}); {log} ends:\n{seen}")
 
     def _listening(self) -> bool:
         with socket.socket() as s:
