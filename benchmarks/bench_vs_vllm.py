@@ -14,16 +14,26 @@ and aiohttp, the head's Docker cgroup), reaching vLLM on the address it is bound
 (serving.bind); sparkbook's code is mounted read-only, with this interpreter's site-packages
 after the image's for what the image lacks. On this machine the clients share two cores with the
 server, whose speed drifts between runs: each level runs as several pairs, the two clients back
-to back in alternating order, and the median of the pairs' ratios is compared with the goals.
+to back in alternating order, and the pairs' ratios are compared with the goals as a geometric
+mean with its 95 % confidence interval (sparkbook.book.samples.ratio_interval): a goal is met
+only when the whole interval lies inside it, which takes as many pairs as the spread demands.
 Besides the ratios, each pair keeps what explains them (vllm bench serve with --save-detailed):
 per-request E2E and ITL medians, the run's duration against its span (first send to last end),
 the idle time between one request's end and the next one's send at concurrency 1, and the
 output tokens each side counted.
 
-Needs root and `sparkbook lab up`; brings vLLM up with 05's serve (kept if already serving). Leaves
-the lab as it found it, also when interrupted (Ctrl-C, SIGTERM): what it started (vLLM, Ray, the
-reference client's container) is removed as 08 removes it; a deployment that was already serving
-stays.
+`--server paced` measures both clients against a fake server of fixed pace instead (the tests'
+fake OpenAI server, tests/fake_openai.py, on this machine's end of the lab's management bridge, in
+a process of its own: a fixed TTFT and time per token), so that what differs between them is their
+own clocks, connection handling and event loop, not the server's speed; the clients still run in
+the serving image on the head, and nothing is served on the lab.
+
+Needs root and `sparkbook lab up`; brings up what the parameters' path needs, as the runbook
+does: 03's image and model on every node (copied where they differ, and kept, as 08 keeps them),
+with the Ray executor 04's Ray cluster, then vLLM with 05's serve (each kept if already up).
+Leaves the lab as it found it, also when interrupted (Ctrl-C, SIGTERM): what it started (vLLM,
+Ray, the reference client's container) is removed as 08 removes it; a deployment that was already
+serving stays, and a Ray cluster that was already up stays with vLLM stopped in it.
 
     .venv/bin/python benchmarks/bench_vs_vllm.py [--input-len 128] [--output-len 128] [--repeat 5]
 
@@ -40,21 +50,19 @@ import json
 import statistics
 import sysconfig
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
-from sparkbook.nodes import lock
 from sparkbook.bench import load as bench_load
-from sparkbook.serving.deploy import healthy, serve
-from sparkbook.serving.teardown import teardown
-from sparkbook.steps import serve as serve_step
-from sparkbook.book.verdict import Verdict
+from sparkbook.book.samples import ratio_interval
 from sparkbook.serving.commands import api_bind
 from sparkbook.serving.containers import docker_run
 from sparkbook.lab import Lab
-from sparkbook.notebook import default_run_dir
+from sparkbook.lab.nodes import MGMT_NET
 from sparkbook.nodes.remote import Cluster
-from sparkbook.nodes.shell import command_line
 from sparkbook.nodes.workdir import prepare, workdir
+from sparkbook.notebook import default_run_dir
+from sparkbook.nodes.shell import command_line
 
 LEVELS = ((1, 16), (8, 64), (32, 128))  # (max concurrency, requests)
 RATIOS = ("output_tok_s", "mean_ttft_ms", "cpu_ms_per_token")
@@ -97,12 +105,12 @@ def api_on_head(params) -> str:
     return f"http://{api_bind(params)}:{params.ports.api}"
 
 
-def vllm_bench(params, cluster, concurrency, n, input_len, output_len):
+def vllm_bench(params, cluster, url, concurrency, n, input_len, output_len):
     """One `vllm bench serve` run on the head: its result JSON and its CPU seconds."""
     name = f"c{concurrency}-n{n}.json"
     results = f"{workdir(params, params.head)}/bench"
     cmd = ["python3", "-c", CPU, "vllm", "bench", "serve", "--backend", "vllm",
-           "--base-url", api_on_head(params), "--endpoint", "/v1/completions",
+           "--base-url", url, "--endpoint", "/v1/completions",
            "--model", params.model.path, "--tokenizer", params.model.path, "--dataset-name", "random",
            "--random-input-len", str(input_len), "--random-output-len", str(output_len), "--ignore-eos",
            "--num-prompts", str(n), "--max-concurrency", str(concurrency), "--request-rate", "inf",
@@ -118,13 +126,13 @@ def vllm_bench(params, cluster, concurrency, n, input_len, output_len):
     return json.loads(r.stdout.strip().splitlines()[-1]), cpu
 
 
-def ours(params, cluster, concurrency, n, input_len, output_len) -> dict:
+def ours(params, cluster, url, concurrency, n, input_len, output_len) -> dict:
     """One sparkbook run_load as vllm bench serve runs (this script again, as a client, in a
     container of the serving image on the head): the level as JSON; its client_cpu_s is its
     loop's CPU during the level."""
     here, site = str(Path(__file__).resolve()), sysconfig.get_paths()["purelib"]
     root = str(Path(here).parents[1])
-    job = json.dumps({"url": api_on_head(params), "model": params.model.path,
+    job = json.dumps({"url": url, "model": params.model.path,
                       "concurrency": concurrency, "n": n, "input_len": input_len, "output_len": output_len})
     run = docker_run(params, params.head, client_container(params), ["python3", "-c", BOOT, here, site, job],
                      detach=False, remove=True, mounts=[f"{root}:{root}:ro", f"{site}:{site}:ro"])
@@ -162,45 +170,43 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--repeat", type=int, default=5, help="back-to-back pairs per level (default: 5)")
     ap.add_argument("--levels", default="1,8,32", help="concurrencies to measure (default: 1,8,32)")
+    ap.add_argument("--server", choices=("lab", "paced"), default="lab",
+                    help="lab: the lab's vLLM; paced: a fake server of fixed pace (see paced())")
+    ap.add_argument("--paced-ttft", type=float, default=0.05, help="the paced server's TTFT (s)")
+    ap.add_argument("--paced-itl", type=float, default=0.01, help="the paced server's time per token (s)")
     ap.add_argument("--client", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.client:
         return client(args.client)
-    lab = Lab()
-    params = lab.params()
-    cluster = Cluster.from_params(params)
-    run_dir = default_run_dir(params).parent / f"bench-vs-vllm-{time.strftime('%Y%m%dT%H%M%S')}"
-    with lab.as_found():
-        prepare(params, cluster, [params.head])
-        held = lock.acquire(params, cluster, str(run_dir))  # no run of the runbook meanwhile
-        was_serving, dep = healthy(params).ready, None
-        try:
-            dep = serve(params, cluster, run_dir, say=print)
-            if not dep.ready:
-                raise SystemExit(Verdict(serve_step.TITLE, serve_step.checks(params, dep)).to_text())
-            measure(args, lab, params, cluster, run_dir)
-        finally:
-            leave_as_found(params, cluster, run_dir, kept=was_serving and (dep is None or dep.action == "kept"))
-            held.release()
-
-
-def leave_as_found(params, cluster, run_dir: Path, kept: bool) -> None:
-    """The clients' containers off the head (an interruption leaves them running); and,
-    unless vLLM was already serving before the benchmark and still is the same, everything the
-    benchmark started, as 08 removes it (logs kept in the run folder first)."""
-    cluster.run_on(params.head, ["docker", "rm", "-f", reference_container(params), client_container(params)],
-                   timeout=60)
-    if kept:
-        print("vLLM was serving before the benchmark: left serving")
+    params = Lab().params()
+    mine = [reference_container(params), client_container(params)]
+    from labserving import serving  # beside this script (not importable in the client's container)
+    if args.server == "lab":
+        with serving("bench-vs-vllm", mine) as (lab, params, cluster, run_dir):
+            measure(args, params, cluster, run_dir, api_on_head(params))
         return
-    out = teardown(params, cluster, run_dir)
-    print("removed what the benchmark started: " + (", ".join(
-        f"{n}: {' '.join(c)}" for n, c in out.removed.items()) or "nothing was left running"))
-    if out.remaining or out.listeners or out.errors:
-        print(f"still on the nodes: {out.remaining or ''} {out.listeners or ''} {out.errors or ''}")
+    with paced(args, params, mine) as (cluster, run_dir, url):
+        measure(args, params, cluster, run_dir, url)
 
 
-def measure(args, lab, params, cluster, run_dir: Path) -> None:
+@contextmanager
+def paced(args, params, containers):
+    """The tests' fake OpenAI server (tests/fake_openai.py) on this machine's end of the lab's
+    management bridge, in a process of its own: a fixed TTFT, tokens at a fixed pace, as the
+    model the clients name. The clients run as against the lab's vLLM (in the serving image on
+    the head), so what differs between them is their own measurement, not the server's speed."""
+    from labserving import paced_server
+    cluster = Cluster.from_params(params)
+    run_dir = default_run_dir(params).parent / f"bench-vs-vllm-paced-{time.strftime('%Y%m%dT%H%M%S')}"
+    with paced_server(f"{MGMT_NET}.1", params.model.path, args.paced_ttft, args.paced_itl) as url:
+        try:
+            prepare(params, cluster, [params.head])
+            yield cluster, run_dir, url
+        finally:
+            cluster.run_on(params.head, ["docker", "rm", "-f", *containers], timeout=60)
+
+
+def measure(args, params, cluster, run_dir: Path, url: str) -> None:
     """The levels, each as --repeat back-to-back pairs; the table, saved in the run folder."""
     print("both clients run in a container of the serving image on the head")
     rows = []
@@ -210,10 +216,10 @@ def measure(args, lab, params, cluster, run_dir: Path) -> None:
         for i in range(args.repeat):
             # a pair, back to back, in alternating order: slow drift of the server cancels out
             if i % 2 == 0:
-                lv = ours(params, cluster, concurrency, n, args.input_len, args.output_len)
-            ref, ref_cpu = vllm_bench(params, cluster, concurrency, n, args.input_len, args.output_len)
+                lv = ours(params, cluster, url, concurrency, n, args.input_len, args.output_len)
+            ref, ref_cpu = vllm_bench(params, cluster, url, concurrency, n, args.input_len, args.output_len)
             if i % 2 == 1:
-                lv = ours(params, cluster, concurrency, n, args.input_len, args.output_len)
+                lv = ours(params, cluster, url, concurrency, n, args.input_len, args.output_len)
             pair = {"ours_output_tok_s": lv["output_tok_s"], "vllm_output_tok_s": ref["output_throughput"],
                     "ours_mean_ttft_ms": lv["ttft_ms"]["mean"], "vllm_mean_ttft_ms": ref["mean_ttft_ms"],
                     "ours_cpu_ms_per_token": lv["client_cpu_s"] * 1e3
@@ -241,20 +247,23 @@ def measure(args, lab, params, cluster, run_dir: Path) -> None:
                 got = [r[k] for r in runs if r[k] is not None]
                 row[k] = statistics.median(got) if got else None
         rows.append(row)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "bench_vs_vllm.json").write_text(json.dumps(rows, indent=2) + "\n")
-    print(f"\nmedians of {args.repeat} back-to-back pairs; ratio = sparkbook / vllm bench serve, "
-          "median of the pairs' ratios [lowest-highest]")
+
+    print(f"\nmedians of {args.repeat} back-to-back pairs; ratio = sparkbook / vllm bench serve, the pairs' "
+          "ratios' geometric mean [its 95 % confidence interval; '-' below 2 pairs]")
     print(f"{'c':>3}  {'tok/s ours':>10} {'vllm':>7} {'ratio':>18}  {'TTFT ms ours':>12} {'vllm':>7} {'ratio':>18}"
           f"  {'CPU ms/tok ours':>15} {'vllm':>6} {'ratio':>18}")
     for r in rows:
         line = f"{r['concurrency']:>3}"
         for k, width, fmt in zip(RATIOS, (10, 12, 15), (".1f", ".1f", ".3f")):
-            ratios = [p[f"{k}_ratio"] for p in r["runs"]]
+            ci = ratio_interval([p[f"{k}_ratio"] for p in r["runs"]])
+            r[f"{k}_ratio_ci"] = ci
             line += (f"  {r[f'ours_{k}']:>{width}{fmt}} {r[f'vllm_{k}']:>{6 if width == 15 else 7}{fmt}}"
-                     f" {r[f'{k}_ratio']:>6.3f} [{min(ratios):.2f}-{max(ratios):.2f}]")
+                     + (f" {ci[0]:>6.3f} [{ci[1]:.2f}-{ci[2]:.2f}]" if ci else f" {r[f'{k}_ratio']:>6.3f} [-]"))
         print(line)
-    print("goals: throughput ratio within 0.97-1.03, TTFT ratio within 0.90-1.10, CPU ratio <= 1.00")
+    print("goals: throughput ratio within 0.97-1.03, TTFT ratio within 0.90-1.10, CPU ratio <= 1.00; "
+          "a goal is shown met only when the whole interval is inside it")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "bench_vs_vllm.json").write_text(json.dumps(rows, indent=2) + "\n")
     print("\nwhat explains them (medians of the pairs): per-request E2E and ITL p50 (ms), idle between "
           "requests p50 (ms, c=1), span first send-last end / duration divided by (s), output tokens")
     f = lambda v, fmt: "-" if v is None else format(v, fmt)

@@ -52,6 +52,13 @@ outcome = ctx.run()
 step.table(outcome)
 
 # %% [markdown]
+# With `benchmark.profile: spark-arena`, the same cells as the leaderboard's own tool prints them
+# (nothing without a profile): see **A standard profile** below.
+
+# %%
+step.board_table(outcome)
+
+# %% [markdown]
 # ## Plots
 #
 # This run against earlier runs of the same model (dashed) and the reference numbers (dotted).
@@ -102,8 +109,13 @@ for fig in step.plots(ctx, outcome).values():
 #
 # **A standard profile**: `benchmark.profile: spark-arena` runs the grid of the public DGX Spark
 # leaderboard (every depth 0-100000 at concurrency 1, 2, 5 and 10, 2048 prompt and 128 output
-# tokens), its levels named as the leaderboard names its rows (`tg128 @ d4096 (c2)`), so that the
-# decode tok/s read against published ones.
+# tokens) and measures it as the leaderboard does, with llama-benchy 0.4.0's procedure: at a depth
+# the context is loaded into the prefix cache first, so only the new tokens are prefilled; the
+# server's own sampling, a reply may end at EOS; c requests at once per run. The second table
+# gives its figures under its names (`pp2048 @ d4096 (c2)`, `tg128 @ d4096 (c2)`, t/s (total),
+# ttfr, est_ppt, e2e_ttft), also in `benchmark/llama-benchy.csv`; the first keeps sparkbook's own
+# figures of the same requests (TTFT with nothing taken off, decode over E2E - TTFT). Measured
+# against llama-benchy itself on the lab: `benchmarks/bench_vs_llamabenchy.py`.
 
 # %% tags=["hide-input"]
 ctx.conclude(outcome)

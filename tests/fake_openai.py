@@ -40,7 +40,7 @@ def chat_tokens(messages: list[dict]) -> int:
 
 
 class FakeOpenAI:
-    def __init__(self, model: str = "fake-model", **knobs: Any):
+    def __init__(self, model: str = "fake-model", host: str = "127.0.0.1", **knobs: Any):
         self.model = model
         self.ttft = 0.0  # seconds from the response headers to the first token
         self.token_delay: float | Callable[[int], float] = 0.0  # between chunks; or f(request number)
@@ -81,8 +81,8 @@ class FakeOpenAI:
         self.dropped = 0  # requests dropped by keep_alive
         self._count = itertools.count(1)
         self._lock = threading.Lock()
-        self.server = _Server(("127.0.0.1", 0), _handler(self))
-        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        self.server = _Server((host, 0), _handler(self))
+        self.url = f"http://{host}:{self.server.server_port}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     def __enter__(self) -> "FakeOpenAI":

@@ -1,6 +1,21 @@
+import importlib.util
 import subprocess
 
+import pytest
+
 from sparkbook.facts.manifest import describe_differences, manifest_differences, manifest_script, parse_manifest
+from sparkbook.nodes.shell import SCRIPTS
+
+
+def _module(name: str):
+    spec = importlib.util.spec_from_file_location(name.removesuffix(".py"), SCRIPTS / name)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+SCRIPT = _module("model_manifest.py")
+RACY_S = SCRIPT.RACY_S
 
 
 def _run(script) -> str:
@@ -54,6 +69,7 @@ def test_every_file_by_content_and_a_second_manifest_reads_nothing(tmp_path):
     with the same size and its modification time set back (what `touch -d` or rsync -t leave) is
     read again, for its change time moved; a new file is read alone."""
     import os
+    import time
     from sparkbook.facts.manifest import bytes_read
     model, private = tmp_path / "m", tmp_path / "work"
     model.mkdir()
@@ -62,6 +78,7 @@ def test_every_file_by_content_and_a_second_manifest_reads_nothing(tmp_path):
     shard = model / "model-00001-of-00002.safetensors"
     shard.write_bytes(b"a" * 100_000)
     cache = str(private / "digests.json")
+    time.sleep(RACY_S + 0.1)  # changed a moment ago: read every time (the racy rule's own test below)
     first = _run(manifest_script(str(model), True, cache))
     assert bytes_read(first) == (100_002, 2)
     assert (os.stat(cache).st_mode & 0o777) == 0o600
@@ -74,7 +91,50 @@ def test_every_file_by_content_and_a_second_manifest_reads_nothing(tmp_path):
     assert bytes_read(third) == (100_000, 1)
     assert manifest_differences(parse_manifest(first), parse_manifest(third)) == {shard.name: "content differs"}
     (model / "model-00002-of-00002.safetensors").write_bytes(b"c" * 10)
-    assert bytes_read(_run(manifest_script(str(model), True, cache))) == (10, 1)
+    time.sleep(RACY_S + 0.1)
+    assert bytes_read(_run(manifest_script(str(model), True, cache))) == (100_010, 2)  # the racy shard too
+    assert bytes_read(_run(manifest_script(str(model), True, cache))) == (0, 0)
+
+
+def test_a_file_changed_just_before_the_manifest_is_read_again_by_the_next(tmp_path):
+    """git's racily clean entries: a write in the same tick of the file system's clock as the
+    listing leaves size and times alike, so a digest of a file changed within RACY_S of the
+    manifest's start is not kept; a malformed cache entry is never trusted."""
+    import json
+    import time
+    from sparkbook.facts.manifest import bytes_read
+    model, private = tmp_path / "m", tmp_path / "work"
+    model.mkdir()
+    private.mkdir(mode=0o700)
+    (model / "w.safetensors").write_bytes(b"x" * 1000)
+    cache = private / "digests.json"
+    for _ in range(2):
+        assert bytes_read(_run(manifest_script(str(model), True, str(cache)))) == (1000, 1)
+    assert json.loads(cache.read_text()) == {}
+    time.sleep(RACY_S + 0.1)
+    _run(manifest_script(str(model), True, str(cache)))
+    entries = json.loads(cache.read_text())
+    assert len(entries) == 1 and bytes_read(_run(manifest_script(str(model), True, str(cache)))) == (0, 0)
+    key, entry = next(iter(entries.items()))
+    for bad in ([*entry[:3], "not-a-digest"], entry[:3], [*map(str, entry[:3]), entry[3]], "x"):
+        cache.write_text(json.dumps({key: bad}))
+        out = _run(manifest_script(str(model), True, str(cache)))
+        assert bytes_read(out) == (1000, 1) and parse_manifest(out)["w.safetensors"]["sha256"] == entry[3]
+
+
+def test_an_unreadable_folder_is_an_error_not_a_shorter_list(tmp_path, monkeypatch):
+    import os
+    (tmp_path / "m" / "sub").mkdir(parents=True)
+    (tmp_path / "m" / "w.json").write_text("{}")
+    real = os.scandir
+
+    def scandir(path="."):
+        if str(path).endswith("sub"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+    monkeypatch.setattr(SCRIPT.os, "scandir", scandir)
+    with pytest.raises(PermissionError):
+        SCRIPT.walk(str(tmp_path / "m"), ".sparkbook-partial")
 
 
 def test_the_digest_cache_is_kept_only_in_a_private_folder_of_ones_own(tmp_path):

@@ -551,3 +551,39 @@ def test_one_slow_clock_read_makes_no_skew_and_an_uncertain_one_only_warns():
     assert row.status == WARN and "too slow to judge it" in row.observed
     pf.nodes["spark-1"].update(skew_s=5.0, skew_error_s=0.005)  # the clock fault's 5 s, read quickly
     assert next(c for c in node_checks.clocks(params, pf)).status == FAIL
+
+
+def test_ctrl_c_while_the_nodes_hash_returns_at_once_and_drops_their_connections(monkeypatch):
+    """The manifests run beside the bundle in a thread: an interrupt must not wait minutes for
+    the hashing to finish; dropping each node's connection ends its remote command."""
+    import threading
+    import time
+    from sparkbook.nodes.remote import Cluster
+    from sparkbook.preflight import collect
+    params = sb.params.load(ROOT / "parameters" / "dgx-spark-pair.yaml")
+    release, dropped = threading.Event(), []
+    monkeypatch.setattr(collect, "manifests", lambda *a: release.wait(30) or {})
+    monkeypatch.setattr(collect, "drop", lambda node, ssh: dropped.append(node.name) or release.set())
+
+    class Interrupted(Cluster):
+        def run(self, *a, **kw):
+            raise KeyboardInterrupt
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        collect.gather(params, Interrupted(params.nodes))
+    assert time.monotonic() - start < 5 and dropped == ["spark-1", "spark-2"]
+
+
+def test_the_model_row_says_what_hashing_read_and_what_came_from_the_cache():
+    from sparkbook.preflight import artifacts
+    from sparkbook.preflight.collect import Preflight
+    params = sb.params.load(LAB)
+    model = {"a.safetensors": {}, "b.safetensors": {}, "config.json": {}}
+
+    def said(read):
+        pf = Preflight({"spark-2": {"model": model, "model_read": read}}, {}, {}, "")
+        return artifacts.how(params, pf, "spark-2")
+    assert said((0, 0)) == "by SHA-256; hashing read 0 B, every digest cached"
+    assert said((2048, 1)).endswith("(1 file(s), 2 cached)")
+    assert said((4096, 3)).endswith("(3 file(s), none cached)")
+    assert said(None) == "by SHA-256"

@@ -10,6 +10,7 @@ import pytest
 from sparkbook.book.verdict import FAIL, PASS, SKIP, WARN
 from sparkbook.collectives import pairs, rdma, rdma_judge as judge
 from sparkbook.facts import health, perftest
+from sparkbook.nodes.remote import Result
 from sparkbook.params import load
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -359,3 +360,64 @@ def test_the_labs_simulated_perftest_prints_what_the_parser_reads():
     o = simperf.options("ib_write_lat", ["-n", "5"])
     r = perftest.parse(simperf.report_lat(o, [3.0, 1.0, 2.0, 2.0, 9.0]))
     assert perftest.latency_us(r) == 2.0 and r["lat"][0]["t_max"] == 9.0
+
+
+# ------------------------------------------------------------------------ what stops a link's tests
+def test_a_node_whose_rail_state_was_not_read_is_measured_and_said_not_judged_down():
+    p = load(PAIR)
+    lk = links(p)[0]
+    res = rdma.LinkResult(lk)
+    rdma._state(res, {"spark-1": {"enp1s0f1np1": {"oper": "up"}}})  # spark-2's sample failed
+    assert res.unread == ["spark-2"] and res.down == []
+    res = result(lk, unread=["spark-2"])
+    rows = judge.checks(p, rdma.RdmaOutcome(results=[res]))
+    assert [(c.check, c.node, c.status) for c in rows] == [("rdma", "all", PASS), ("rdma", "spark-2", WARN)]
+    down = rdma.LinkResult(lk)
+    rdma._state(down, {"spark-1": {"enp1s0f1np1": {"oper": "down"}}, "spark-2": {}})
+    assert down.down == ["spark-1 enp1s0f1np1 (operstate down)", "spark-2 enp1s0f1np1 (operstate ?)"]
+
+
+def test_a_perftest_that_cannot_bind_the_rail_is_not_run_and_stops_the_links_tests(tmp_path):
+    """An ib_write_bw without --bind_source_ip would open its port on every interface: the script
+    says so and runs nothing; the link is 'no perftest' with the upgrade, not slow or broken."""
+    import os
+    import subprocess
+    ran = tmp_path / "ran"
+    tool = tmp_path / "ib_write_bw"
+    tool.write_text(f"#!/bin/sh\n[ \"$1\" = --help ] && {{ echo ' -d, --ib-dev=<dev>'; exit 1; }}\ntouch {ran}\n")
+    tool.chmod(0o755)
+    p = load(PAIR)
+    lk = links(p)[0]
+    cmd = rdma.test_script(p, lk, "bw", "server", "b")
+    env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}")
+    out = subprocess.run(cmd.argv(), env=env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and out.stdout.strip() == "RDMA-BIND all" and not ran.exists()
+    res = rdma.LinkResult(lk)
+    rdma._record(res, "forward", Result("spark-1", "", 0, out.stdout), Result("spark-2", str(cmd), 0, out.stdout),
+                 "spark-1", "spark-2")
+    assert res.bind_all == ["spark-1", "spark-2"] and res.forward is None and rdma.stopped(res)
+    kind, seen, remedy = judge.classify(p, res)
+    assert kind == judge.MISSING and "--bind_source_ip" in seen and "perftest 4.5" in remedy
+
+
+@pytest.mark.parametrize("kind, stops", [("connect", True), ("no-device", True), ("qp", True), ("other", False)])
+def test_errors_that_are_not_the_traffics_stop_the_remaining_tests(kind, stops):
+    res = rdma.LinkResult(links(load(PAIR))[0], errors={"forward": "spark-1: x"}, error_kinds={"forward": kind})
+    assert rdma.stopped(res) is stops
+
+
+def test_the_client_waits_as_long_as_the_measurement_allows():
+    p = load(PAIR)
+    client = rdma.test_script(p, links(p)[0], "bw", "client", "a")
+    assert client.args[9] == str(rdma.WAIT_S) and "deadline=$((SECONDS + wait_s))" in client.text
+
+
+def test_rails_are_told_apart_by_subnet_even_where_interfaces_share_a_name():
+    """Two rails may carry the same interface name on different nodes' layouts; the subnet is the rail."""
+    p = load(PAIR)
+    lk0, lk1 = links(p, 0)[0], links(p, 1)[0]
+    same = rdma.Link(lk1.a, lk1.b, lk1.rail_a.model_copy(update={"interface": lk0.interface}), lk1.rail_b)
+    out = rdma.RdmaOutcome(results=[result(lk0, 95.0, 96.0), result(same, 90.0, 91.0)])
+    rows = judge.checks(p, out)
+    assert [(c.check, c.status) for c in rows] == [("rdma", PASS), ("rdma", PASS)]
+    assert judge.rail_gbps(out) == pytest.approx(95.0 + 90.0)

@@ -109,3 +109,38 @@ def test_the_samples_are_kept_as_rows(tmp_path):
 @pytest.mark.parametrize("code, status", [(79, FAIL), (13, WARN), (31, WARN), (48, FAIL)])
 def test_xid_codes_that_need_a_reset_fail(code, status):
     assert health.xid_meaning(code)[1] == status
+
+
+def test_a_rail_missing_from_the_first_sample_is_judged_from_its_first_reading():
+    """A first sample without the rail's statistics (ethtool failed that once) is no baseline of
+    zeros: the counters' later values are not a rise."""
+    no_stats = "\n".join(["@@ oper enp1s0f1np1", "up", "@@ smi-q", GB10_Q, "@@ xid", ""])
+    w = watched([(0, "spark-1", no_stats), (5, "spark-1", output(pcs=7)), (10, "spark-1", output(pcs=7)),
+                 (15, "spark-1", output(pcs=9))])
+    link = [e for e in w.summary()["events"] if e["kind"] == "link"]
+    assert [(e["t_s"], e["rise"], e["rise_by_end"]) for e in link] == [(15, 2, 2)]
+
+
+def test_the_power_cap_of_a_gpu_at_work_is_not_a_change():
+    w = watched([(0, "spark-1", output()), (5, "spark-1", output(reason="SW Power Cap"))])
+    assert [c.check for c in watch_health.checks(w.summary(), "07's levels")] == ["serving health"]
+    w = watched([(0, "spark-1", output()), (5, "spark-1", output(reason="SW Thermal Slowdown"))])
+    assert [c.check for c in watch_health.checks(w.summary(), "07's levels")] == ["gpu clocks while serving"]
+
+
+def test_a_watch_left_by_an_error_takes_no_last_sample():
+    params = load(ROOT / "parameters" / "lab.yaml")
+    calls = []
+
+    class Nodes:
+        def run(self, *a, **kw):
+            calls.append(1)
+            return {}
+    w = watch_health.Watch(params, Nodes(), "burn-in", interval=60)
+    with pytest.raises(RuntimeError):
+        with w:
+            raise RuntimeError("the soak failed")
+    assert len(calls) == 1  # the baseline only
+    with w:
+        pass
+    assert len(calls) == 3

@@ -8,7 +8,8 @@ Split by job, as vLLM's own benchmark code is (``vllm/benchmarks/``):
 - :mod:`.client`: the connection pool and one timed, streamed request;
 - :mod:`.load`: the load patterns (closed loop, Poisson arrivals), one level standalone
   (``load.run_load``) and the whole benchmark (``load.run``);
-- :mod:`.profiles`: standard grids by name (a public leaderboard's), ``benchmark.profile``;
+- :mod:`.profiles`: standard grids by name (a public leaderboard's), ``benchmark.profile``, and
+  :mod:`.board`: their cells measured as that leaderboard measures (llama-benchy's way);
 - :mod:`.server`: what the server saw meanwhile (vLLM's ``/metrics``, GPU power and clocks);
 - :mod:`.plots`: the figures; :mod:`.checks`: what the verdict says about a run;
   :mod:`.ceiling`: single-user decode held against the memory-bandwidth ceiling (plausibility).
@@ -36,7 +37,8 @@ special token; a chat role's announcement and an empty chunk that only gives the
 not tokens); ITL is the time between successive such chunks;
 E2E is from sending to the end of the stream; TPOT = (E2E - TTFT) / (output tokens - 1). Per
 request, decode tok/s = (output tokens - 1) / (E2E - TTFT) and prefill tok/s = prompt tokens / TTFT.
-A context depth D is a prompt of D + ``benchmark.prompt_tokens`` tokens, all prefilled.
+A context depth D is a prompt of D + ``benchmark.prompt_tokens`` tokens, all prefilled (a
+profile's cells excepted: :mod:`.board`).
 
 What lands in ``RUN_DIR/benchmark/`` is described in :mod:`.records`.
 """

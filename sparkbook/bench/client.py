@@ -46,6 +46,27 @@ class Answer:
     token_ids: list[int] = field(default_factory=list)
 
 
+@dataclass
+class Trace:
+    """A request as llama-benchy 0.4.0 times it (``client.py``), kept when asked for
+    (``Session.request(..., trace=Trace())``, :mod:`sparkbook.bench.board`): when it was sent, its
+    first event with a choice (``first_response``), and each chunk whose delta carries text
+    (content or reasoning) with its time and its number of tokens (``token_ids``; None where the
+    server sent none), and when the stream ended."""
+
+    sent: float = 0.0
+    first_response: float | None = None
+    chunks: list[tuple[float, int | None]] = field(default_factory=list)
+    end: float = 0.0
+
+    def see(self, now: float, choice: dict, delta: dict) -> None:
+        if self.first_response is None:
+            self.first_response = now
+        if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
+            ids = choice.get("token_ids")
+            self.chunks.append((now, len(ids) if isinstance(ids, list) else None))
+
+
 class Session:
     """One connection pool to one server for one model: what every request of a run shares."""
 
@@ -98,31 +119,56 @@ class Session:
                 raise ServerError(f"/tokenize: HTTP {r.status}: {error_text(await r.read())}")
             return int((await r.json())["count"])
 
-    def body(self, prompt: str, output_tokens: int) -> dict:
+    def body(self, prompt: str, output_tokens: int, *, context: str | None = None,
+             exact: bool = True) -> dict:
+        """The request. ``exact``: exactly ``output_tokens`` (``ignore_eos``) at the session's
+        temperature; otherwise the server's own sampling, and a reply may end at EOS (as
+        llama-benchy asks). ``context``: a system message before the prompt (chat only)."""
         b: dict[str, Any] = {"model": self.model, "max_tokens": output_tokens,
-                             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-        if self.temperature is not None:
-            b["temperature"] = self.temperature
+                             "stream": True, "stream_options": {"include_usage": True}}
+        if exact:
+            b["ignore_eos"] = True
+            if self.temperature is not None:
+                b["temperature"] = self.temperature
         if self.endpoint == "chat":
-            b["messages"] = [{"role": "user", "content": prompt}]
+            b["messages"] = ([{"role": "system", "content": context}] if context else []) + [
+                {"role": "user", "content": prompt}]
+        elif context:
+            raise ValueError("a context (system message) needs the chat endpoint")
         else:
             b["prompt"] = prompt
         return b
 
+    async def latency(self, n: int = 3) -> float:
+        """The mean seconds of ``n`` GET /v1/models: llama-benchy's ``--latency-mode api``, which
+        it takes off its first-response and first-token times."""
+        took = []
+        for _ in range(n):
+            t = time.perf_counter()
+            async with self.client.get("/v1/models") as r:
+                await r.read()
+            took.append(time.perf_counter() - t)
+        return sum(took) / n
+
     async def request(self, prompt: str, output_tokens: int, index: int, t0: float,
-                      answer: Answer | None = None, cache_salt: str | None = None) -> RequestRecord:
+                      answer: Answer | None = None, cache_salt: str | None = None, *,
+                      context: str | None = None, exact: bool = True,
+                      trace: Trace | None = None) -> RequestRecord:
         """One streamed request, timed. Parses each SSE event with one json.loads and keeps only
-        timestamps: no per-token work beyond that, unless ``answer`` asks for the text too.
-        ``cache_salt``: vLLM's (0.9 on; other servers ignore it): the prompt shares no prefix-cache
-        block with a request of another salt."""
+        timestamps: no per-token work beyond that, unless ``answer`` asks for the text too, or
+        ``trace`` for llama-benchy's marks. ``cache_salt``: vLLM's (0.9 on; other servers ignore
+        it): the prompt shares no prefix-cache block with a request of another salt. ``context``
+        and ``exact``: see :meth:`body`."""
         rec, marks, usage = RequestRecord(index), [], None
-        body = self.body(prompt, output_tokens)
-        if answer is not None:
+        body = self.body(prompt, output_tokens, context=context, exact=exact)
+        if answer is not None or trace is not None:
             body["return_token_ids"] = True
         if cache_salt is not None:
             body["cache_salt"] = cache_salt
         sent = time.perf_counter()
         rec.sent_s = sent - t0
+        if trace is not None:
+            trace.sent = sent
         try:
             async with self.client.post(self.path, json=body) as resp:
                 if resp.status != 200:
@@ -149,11 +195,15 @@ class Session:
                             if any(d.get(k) for k in SAID) or not (d.get("role") or c.get("finish_reason")):
                                 marks.append(now)
                             rec.finish_reason = c.get("finish_reason") or rec.finish_reason
+                            if trace is not None:
+                                trace.see(now, c, d)
                             if answer is not None:
                                 answer.text.append((d.get("reasoning_content") or d.get("reasoning") or "")
                                                    + (d.get("content") or d.get("text") or ""))
                                 answer.token_ids += c.get("token_ids") or ()
                 end = time.perf_counter()
+                if trace is not None:
+                    trace.end = end
         except ServerError as e:
             rec.error = str(e)
             return rec

@@ -16,6 +16,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 from ..book.progress import Progress, bar, fraction_of
 from ..params import profiles
 from ..params.settings import Benchmark
+from . import board
 from .client import Session
 from .prompts import Prompts
 from .records import LevelResult, RequestRecord, Results
@@ -80,6 +81,12 @@ class Runner:
         self.prompts = Prompts(session.tokenize, session.endpoint)
         self.live = Progress("benchmark") if progress else None
 
+    def tick(self, label: str, counts: Counter, total: int, started: float) -> None:
+        """The level's live line: requests done of ``total`` (``counts``: by ok) and failed."""
+        if self.live is not None:
+            self.live.update(label, f"{bar(counts.total(), total, started, unit='req')}  failed {counts[False]}",
+                             fraction=fraction_of(counts.total(), total))
+
     async def warm(self, n: int, prompt_tokens: int, output_tokens: int, seed: int) -> list[str]:
         """Requests before measuring (first-request compilation, connections); their errors."""
         if n <= 0:
@@ -121,10 +128,7 @@ class Runner:
             rec.lateness_ms = lateness_ms
             records[i] = rec
             counts[rec.ok] += 1
-            if self.live is not None:
-                self.live.update(label, f"{bar(counts.total(), num_requests, started, unit='req')}"
-                                        f"  failed {counts[False]}",
-                                 fraction=fraction_of(counts.total(), num_requests))
+            self.tick(label, counts, num_requests, started)
             if on_request is not None:
                 on_request(rec)
 
@@ -140,6 +144,32 @@ class Runner:
             watcher.cancel()
         duration, cpu = time.perf_counter() - t0, time.thread_time() - cpu0
         lv.summarize(records, duration, cpu, lag)
+        if self.live is not None:
+            self.live.update(label, lv.line(labelled=False), force=True, fraction=1.0)
+        else:
+            self.say(lv.line())
+        return lv
+
+    async def cell(self, label: str, *, depth: int, concurrency: int, prompt_tokens: int, output_tokens: int,
+                   runs: int, latency: float, many: bool, seed: int) -> LevelResult:
+        """One cell of a profile's grid measured the leaderboard's way (:mod:`.board`): the level
+        of its measured requests with sparkbook's figures, and the board's in ``board``."""
+        lv = LevelResult("depth", label, self.session.endpoint, depth + prompt_tokens, output_tokens,
+                         concurrency, None, runs * concurrency, seed, depth)
+        counts, started = Counter(), time.monotonic()
+
+        def done(replies: list[board.Reply]) -> None:
+            counts.update(r.record.ok for r in replies)
+            self.tick(label, counts, lv.num_requests, started)
+
+        cpu0 = time.thread_time()
+        lv.started_at = time.time()
+        got = await board.cell(self.session, self.prompts, depth=depth, concurrency=concurrency,
+                               prompt_tokens=prompt_tokens, output_tokens=output_tokens, runs=runs,
+                               latency=latency, key=f"{seed}/{self.salt}/board/{label}", many=many, done=done)
+        lv.prompt_sizing = self.prompts.sizing
+        lv.summarize(got.records, got.duration_s, time.thread_time() - cpu0, [])
+        lv.board = got.board
         if self.live is not None:
             self.live.update(label, lv.line(labelled=False), force=True, fraction=1.0)
         else:
@@ -230,6 +260,32 @@ def run_load(base_url: str, model: str, *, prompt_tokens: int, output_tokens: in
     return run_async(main)
 
 
+def run_board(base_url: str, model: str, *, depths: list[int], concurrency: list[int], prompt_tokens: int,
+              output_tokens: int, runs: int = 3, seed: int = 0, warmup: int = 2, timeout: float = 600.0,
+              api_key: str = "EMPTY", prompt_salt: str | None = None, progress: bool = True,
+              say: Callable[[str], None] = print) -> list[LevelResult]:
+    """A grid measured the leaderboard's way (:mod:`.board`), standalone: what ``llama-benchy
+    --pp P --tg T --depth D... --concurrency C... --runs R --enable-prefix-caching`` measures,
+    every depth at every concurrency; a level per cell, labelled as its decode row."""
+    salt = _salt(prompt_salt)
+    grid = profiles.Profile("grid", tuple(depths), tuple(concurrency), prompt_tokens, output_tokens, "")
+
+    async def main() -> list[LevelResult]:
+        async with _runner(base_url, model, connections=max(concurrency + [warmup]), prompt_salt=salt,
+                           progress=progress, say=say, endpoint="chat", timeout=timeout, api_key=api_key,
+                           temperature=None) as r:
+            await r.session.model_card()
+            say(f"prompt sizing: {await r.prompts.probe()}")
+            await r.warm(warmup, prompt_tokens, output_tokens, seed)
+            latency = await r.session.latency()
+            return [await r.cell(grid.label(d, c), depth=d, concurrency=c, prompt_tokens=prompt_tokens,
+                                 output_tokens=output_tokens, runs=runs, latency=latency,
+                                 many=max(concurrency) > 1, seed=seed)
+                    for d in depths for c in concurrency]
+
+    return run_async(main)
+
+
 def run(base_url: str, model: str, benchmark: Benchmark, *, endpoint: str = "chat",
         max_model_len: int | None = None, warmup: int = 2, depth_requests: int = 3,
         timeout: float = 600.0, api_key: str = "EMPTY", temperature: float | None = 0.0,
@@ -238,8 +294,9 @@ def run(base_url: str, model: str, benchmark: Benchmark, *, endpoint: str = "cha
     """The whole benchmark of ``params.benchmark``: warm-up, single user at each context depth
     (``depth_requests`` requests each), the concurrency sweep (``max(requests_per_level, c)``
     requests at concurrency c) and the request-rate sweep (``requests_per_level`` each). With a
-    ``benchmark.profile`` (:mod:`.profiles`) every context depth at every concurrency c instead
-    (``depth_requests`` × c requests each, in ``depths``), no separate concurrency sweep.
+    ``benchmark.profile`` (:mod:`.profiles`) every context depth at every concurrency c instead,
+    measured the leaderboard's way (:mod:`.board`: ``depth_requests`` measured rounds of c
+    requests, in ``depths``), no separate concurrency sweep.
 
     Levels that would not fit ``max_model_len`` (default: what /v1/models says) are skipped and
     listed. Raises :class:`SparkbookError` when the server or the model is not there."""
@@ -260,20 +317,34 @@ def run(base_url: str, model: str, benchmark: Benchmark, *, endpoint: str = "cha
             say(f"benchmark of {model} at {r.session.api} ({endpoint}); prompt sizing: {res.prompt_sizing}")
             res.warmup_errors = await r.warm(warmup, b.prompt_tokens, b.output_tokens, b.seed)
 
-            async def level(kind: str, label: str, tokens: int, **kw) -> LevelResult | None:
+            def too_long(tokens: int) -> str:
                 if limit and tokens + b.output_tokens > limit:
-                    why = f"{tokens} prompt + {b.output_tokens} output tokens exceed max_model_len {limit}"
-                    res.skipped.append(f"{label}: {why}")
-                    say(f"{label}: skipped ({why})")
-                    return None
+                    return f"{tokens} prompt + {b.output_tokens} output tokens exceed max_model_len {limit}"
+                return ""
+
+            def skip(label: str, why: str) -> None:
+                res.skipped.append(f"{label}: {why}")
+                say(f"{label}: skipped ({why})")
+
+            async def level(kind: str, label: str, tokens: int, **kw) -> LevelResult | None:
+                if why := too_long(tokens):
+                    return skip(label, why)
                 return await r.level(kind, label, prompt_tokens=tokens, output_tokens=b.output_tokens,
                                      seed=b.seed, **kw)
 
             grid = profiles.get(b.profile)  # a leaderboard's grid: every depth at every concurrency
+            latency = await r.session.latency() if grid else 0.0
             for d in b.context_depths:
                 for c in levels if grid else [1]:
-                    lv = await level("depth", grid.label(d, c) if grid else f"depth {d}", d + b.prompt_tokens,
-                                     num_requests=depth_requests * c, concurrency=c, request_rate=None, depth=d)
+                    if not grid:
+                        lv = await level("depth", f"depth {d}", d + b.prompt_tokens, num_requests=depth_requests,
+                                         concurrency=1, request_rate=None, depth=d)
+                    elif not (why := too_long(d + b.prompt_tokens)):
+                        lv = await r.cell(grid.label(d, c), depth=d, concurrency=c, prompt_tokens=b.prompt_tokens,
+                                          output_tokens=b.output_tokens, runs=depth_requests, latency=latency,
+                                          many=max(levels) > 1, seed=b.seed)
+                    else:
+                        lv = skip(grid.label(d, c), why)
                     res.depths += [lv] if lv else []
             for c in [] if grid else levels:
                 lv = await level("concurrency", f"c={c}", b.prompt_tokens,

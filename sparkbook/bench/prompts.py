@@ -59,10 +59,12 @@ class Prompts:
         self.sizing = f"estimated: one token per word (no /tokenize: {why})"
         return self.sizing
 
-    async def count(self, text: str) -> int:
-        return await self.tokenize(self.form or "prompt", text)
+    async def count(self, text: str, form: str | None = None) -> int:
+        return await self.tokenize(form or self.form or "prompt", text)
 
-    async def make(self, tokens: int, key: str) -> str:
+    async def make(self, tokens: int, key: str, form: str | None = None) -> str:
+        """A prompt of ``tokens`` tokens as ``form`` counts them (default: as the endpoint sends
+        it; ``"prompt"``: the bare text, e.g. a part of a message)."""
         rng, words = random.Random(key), []
 
         def text(k: int) -> str:
@@ -76,7 +78,7 @@ class Prompts:
         k, best, tried = max(1, round(tokens / self.ratio)), (0, None), set()
         while k not in tried and len(tried) < 8:
             tried.add(k)
-            c = await self.count(text(k))
+            c = await self.count(text(k), form)
             if c == tokens:
                 return text(k)
             if c < tokens and (best[1] is None or c > best[1]):
@@ -91,7 +93,7 @@ class Prompts:
             if c >= tokens:
                 break
             for pad in PADS:
-                n = await self.count(out + pad)
+                n = await self.count(out + pad, form)
                 if c < n <= tokens:
                     out, c = out + pad, n
                     break
@@ -100,11 +102,11 @@ class Prompts:
         self.missed += c != tokens
         return out
 
-    async def batch(self, n: int, tokens: int, key: str) -> list[str]:
+    async def batch(self, n: int, tokens: int, key: str, form: str | None = None) -> list[str]:
         gate = asyncio.Semaphore(8)
 
         async def one(i: int) -> str:
             async with gate:
-                return await self.make(tokens, f"{key}/{i}")
+                return await self.make(tokens, f"{key}/{i}", form)
 
         return list(await asyncio.gather(*(one(i) for i in range(n))))

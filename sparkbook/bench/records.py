@@ -27,6 +27,13 @@ was measured); ``client_cpu_s``, ``client_cpu_frac`` (of one core), ``client_bou
 loop), ``ttft_ms``, ``tpot_ms``, ``e2e_ms``, ``itl_ms`` (list), ``prefill_tok_s``,
 ``decode_tok_s``.
 
+A level of a ``benchmark.profile`` grid also has ``board``: the cell measured the leaderboard's way
+(:mod:`sparkbook.bench.board`): ``latency_ms``, ``runs``, ``measured`` and ``context`` (the
+figures of the measured requests and of the context loads) and ``rows`` (llama-benchy's table
+rows: ``test_name`` and each of ``t_s``, ``t_s_req``, ``peak_ts``, ``peak_ts_req``, ``ttfr``,
+``est_ppt``, ``e2e_ttft`` as ``{mean, std, values}`` or null). ``llama-benchy.csv``: those rows in
+llama-benchy's own CSV columns (``model``, ``test_name``, ``t_s_mean``, ``t_s_std``, ...).
+
 ``levels.csv``: one row per level, the level's fields above without ``requests``, each latency
 flattened to ``<name>_mean``, ``<name>_p50``, ``<name>_p90``, ``<name>_p99`` (e.g.
 ``ttft_ms_p99``) and ``errors`` joined with ``; ``.
@@ -57,6 +64,10 @@ PERCENTILES = (50, 90, 99)  # those of Stats
 CLIENT_CPU_LIMIT = 0.8  # of one core: the client is one event-loop thread
 LATE_LIMIT_MS = 50.0  # p99 of scheduling lateness or event-loop lag
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}  # by endpoint
+# llama-benchy 0.4.0's table (its results.py): the metrics of a row, and its CSV's columns
+BOARD_METRICS = ("t_s", "t_s_req", "peak_ts", "peak_ts_req", "ttfr", "est_ppt", "e2e_ttft")
+BOARD_CSV = ("model", "test_name", *(f"{k}_{s}" for k in BOARD_METRICS for s in ("mean", "std")))
+BOARD_FILE = "llama-benchy.csv"
 
 
 class Stats(TypedDict):
@@ -134,6 +145,7 @@ class LevelResult:
     client_cpu_frac: float = 0.0
     client_bound: bool = False
     client_note: str = ""
+    board: dict | None = None  # a profile's cell measured the leaderboard's way (sparkbook.bench.board)
     requests: list[RequestRecord] = field(default_factory=list)
 
     def summarize(self, records: list[RequestRecord], duration: float, cpu: float,
@@ -192,7 +204,7 @@ class LevelResult:
         """The level without its requests, latencies flattened: a CSV row."""
         out: dict[str, Any] = {}
         for k, v in asdict(self).items():
-            if k == "requests":
+            if k in ("requests", "board"):
                 continue
             if k in STAT_FIELDS:
                 out.update({f"{k}_{s}": x for s, x in v.items()})
@@ -276,7 +288,16 @@ class Results(Outcome):
         rows = [lv.flat() for lv in self.levels]
         Table(list(rows[0]) if rows else ["label"], [list(r.values()) for r in rows]).write_csv(
             path.with_name(CSV))
+        if board := self.board_rows():
+            Table(list(BOARD_CSV), [[r["model"], r["test_name"], *(
+                (r[k] or {}).get(s) for k in BOARD_METRICS for s in ("mean", "std"))] for r in board]
+                  ).write_csv(path.with_name(BOARD_FILE))
         return path
+
+    def board_rows(self) -> list[dict[str, Any]]:
+        """The rows of llama-benchy's table for a profile's cells measured the board's way, in
+        the order it prints them, each with the model."""
+        return [{"model": self.model, **r} for lv in self.depths if lv.board for r in lv.board["rows"]]
 
     @classmethod
     def from_json(cls, d: dict) -> "Results":

@@ -9,7 +9,9 @@ WARN, never a FAIL) below the count where its statistic holds:
 * :func:`slower`: whether a later group of samples is slower than an earlier one: the ratio of
   their medians and a one-sided Mann-Whitney rank test (a drift must be both large and
   consistent, not one request);
-* :func:`high`: a high percentile that one outlier cannot set (at most the second-largest value).
+* :func:`high`: a high percentile that one outlier cannot set (at most the second-largest value);
+* :func:`ratio_interval`: paired ratios (one tool against another, run by run) as a geometric mean
+  with its 95 % confidence interval.
 """
 
 from __future__ import annotations
@@ -97,3 +99,21 @@ def high(values: Sequence[float], q: float = 99) -> float | None:
     a = np.sort(np.asarray(values, float))
     p = float(np.percentile(a, q))
     return min(p, float(a[-2])) if len(a) > 1 else p
+
+
+# Student's t, two-sided 95 %, by degrees of freedom 1-30 (any statistics table); 1.96 beyond
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+        2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+        2.045, 2.042)
+
+
+def ratio_interval(ratios: Sequence[float]) -> tuple[float, float, float] | None:
+    """The geometric mean of paired ratios (A/B of one pair each) and its 95 % confidence interval,
+    a t interval on their logarithms: (mean, low, high). None below 2 ratios, or with one not
+    positive."""
+    if len(ratios) < 2 or min(ratios) <= 0:
+        return None
+    logs = [math.log(r) for r in ratios]
+    m, half = statistics.fmean(logs), statistics.stdev(logs) / math.sqrt(len(logs))
+    t = T975[len(logs) - 2] if len(logs) - 1 <= len(T975) else 1.96
+    return math.exp(m), math.exp(m - t * half), math.exp(m + t * half)

@@ -76,8 +76,9 @@ class LinkResult:
     error_kinds: dict[str, str] = field(default_factory=dict)  # test -> facts.perftest's kind
     commands: dict[str, str] = field(default_factory=dict)  # test -> the client's command line
     down: list[str] = field(default_factory=list)  # "node interface (operstate down)"
+    unread: list[str] = field(default_factory=list)  # nodes whose rail state could not be read first
     unavailable: list[str] = field(default_factory=list)  # nodes without perftest
-    bind_all: list[str] = field(default_factory=list)  # nodes whose perftest listens on every interface
+    bind_all: list[str] = field(default_factory=list)  # nodes whose perftest cannot bind the rail address
     counters: dict[str, dict[str, int]] = field(default_factory=dict)
     fec: dict[str, str] = field(default_factory=dict)  # "node interface" -> active FEC mode, where read
 
@@ -143,14 +144,32 @@ def test_script(params: Params, link: Link, test: str, role: str, side: str):
     name, rail = link.ends()[0 if side == "a" else 1]
     server_rail = link.rail_b if side == "a" else link.rail_a
     args = [role, test, rail.hca, nccl_gid_index(params)[0], r.port, f"{r.duration_s:g}", r.size, r.qps,
-            r.latency_iters, rail.ip]
+            r.latency_iters, WAIT_S, rail.ip]
     return script("rdma_test.sh", *args, *([server_rail.ip] if role == "client" else []))
 
 
 def _health(params: Params, cluster: Cluster, nodes: list[Node]) -> dict[str, dict[str, dict]]:
-    """Each node's rails now: ``{node: {interface: {"oper", "stats", "fec", "fec_mode"}}}``."""
+    """Each node's rails now: ``{node: {interface: {"oper", "stats", "fec", "fec_mode"}}}``; a node
+    whose state could not be read is absent."""
     res = cluster.run(lambda n: script("link_health.sh", *(r.interface for r in n.rails)), nodes, timeout=30)
-    return {name: health.parse_link_health(r.stdout)["rails"] if r.ok else {} for name, r in res.items()}
+    return {name: health.parse_link_health(r.stdout)["rails"] for name, r in res.items() if r.ok}
+
+
+def stopped(res: LinkResult) -> bool:
+    """Whether a link's remaining tests can tell nothing more: perftest missing or unable to bind
+    the rail address, or an error that is not the traffic's (no connection, no device)."""
+    return bool(res.unavailable or res.bind_all
+                or set(res.error_kinds.values()) & {"connect", "qp", "port", "no-device"})
+
+
+def _state(res: LinkResult, before: dict[str, dict[str, dict]]) -> None:
+    """A link's ends as read before its tests: down where the operstate is not up; unread where the
+    node's rail state could not be read (measured all the same)."""
+    for n, rail in res.link.ends():
+        if n not in before:
+            res.unread.append(n)
+        elif (oper := before[n].get(rail.interface, {}).get("oper")) != "up":
+            res.down.append(f"{n} {rail.interface} (operstate {oper or '?'})")
 
 
 def _record(res: LinkResult, key: str, client: Result, server: Result, client_node: str, server_node: str) -> None:
@@ -162,7 +181,7 @@ def _record(res: LinkResult, key: str, client: Result, server: Result, client_no
             res.bind_all.append(node)
     if m := re.search(r"^RDMA-COMMAND (.+)$", client.stdout, re.M):
         res.commands[key] = m[1]
-    if res.unavailable:
+    if res.unavailable or res.bind_all:
         return
     run = perftest.parse(client.stdout)
     value = perftest.latency_us(run) if key == "latency" else perftest.gbps(run)
@@ -198,10 +217,8 @@ def measure(params: Params, cluster: Cluster, say: Callable[[str], object] = pri
         for i, group in enumerate(schedule, 1):
             live = []
             for lk in group:
-                res = results[lk]
-                res.down = [f"{n} {rail.interface} (operstate {before[n][rail.interface].get('oper', '?')})"
-                            for n, rail in lk.ends() if before.get(n, {}).get(rail.interface, {}).get("oper") != "up"]
-                if not res.down:
+                _state(results[lk], before)
+                if not results[lk].down:
                     live.append(lk)
             for key, test, client in TESTS:
                 if not live:
@@ -217,7 +234,7 @@ def measure(params: Params, cluster: Cluster, say: Callable[[str], object] = pri
                 for lk in live:
                     c, s = (lk.a, lk.b) if client == "a" else (lk.b, lk.a)
                     _record(results[lk], key, ran[c], ran[s], c, s)
-                live = [lk for lk in live if not results[lk].unavailable]
+                live = [lk for lk in live if not stopped(results[lk])]
         for interface in dict.fromkeys(lk.interface for lk in links):
             done = [res for lk, res in results.items() if lk.interface == interface]
             progress.update(interface, f"{len(done)} link(s) measured, {sum(not r.down for r in done)} up",
@@ -226,12 +243,14 @@ def measure(params: Params, cluster: Cluster, say: Callable[[str], object] = pri
     for res in results.values():
         for n, rail in res.link.ends():
             was, now = before.get(n, {}).get(rail.interface, {}), after.get(n, {}).get(rail.interface, {})
+            if now.get("fec_mode"):
+                res.fec[f"{n} {rail.interface}"] = now["fec_mode"]
+            if not (was.get("stats") and now.get("stats")):
+                continue  # a side not read: nothing to compare, never "risen"
             rose = health.grown(health.link_errors(was.get("stats", {}), was.get("fec")),
                                 health.link_errors(now.get("stats", {}), now.get("fec")))
             if rose:
                 res.counters[f"{n} {rail.interface}"] = rose
-            if now.get("fec_mode"):
-                res.fec[f"{n} {rail.interface}"] = now["fec_mode"]
     out.results = list(results.values())
     out.duration_s = time.monotonic() - start
     say(f"each cable: {len(links)} link(s) measured in {out.duration_s:.0f} s")

@@ -63,6 +63,10 @@ def classify(params: Params, res: LinkResult) -> tuple[str, str, str]:
             "rail rows (`ibdev2netdev`, `ip link show`) show which")
     if res.unavailable:
         return MISSING, f"perftest not installed on {', '.join(res.unavailable)}", PERFTEST
+    if res.bind_all:
+        return MISSING, (f"perftest on {', '.join(res.bind_all)} cannot bind to the rail address (no "
+                         "--bind_source_ip): not run, so its port is never opened on every interface"), \
+            "perftest 4.5 or later on every node (Ubuntu 24.04's perftest 24.01 has --bind_source_ip)"
     if res.errors:
         kind = next(iter(res.error_kinds.values()))
         seen = "; ".join(f"{k}: {e}" for k, e in res.errors.items())
@@ -114,8 +118,9 @@ def checks(params: Params, out: RdmaOutcome) -> list[Check]:
         return [Check("rdma", "all", SKIP, out.skipped + "".join(f"; {n}" for n in out.notes), expected(params))]
     fail_missing = params.collectives.rdma.run == "on"
     kinds = {id(res): classify(params, res) for res in out.results}
-    for interface in dict.fromkeys(res.link.interface for res in out.results):
-        mine = [res for res in out.results if res.link.interface == interface]
+    for subnet in dict.fromkeys(res.link.subnet for res in out.results):
+        mine = [res for res in out.results if res.link.subnet == subnet]
+        interface = mine[0].link.interface
         good = [res for res in mine if kinds[id(res)][0] == OK]
         for res in mine:
             kind, seen, remedy = kinds[id(res)]
@@ -137,6 +142,10 @@ def checks(params: Params, out: RdmaOutcome) -> list[Check]:
                                "a switch hop, flow-control pauses (PFC) or power saving: set the CPU governor to "
                                "performance, check the switch's port counters, rerun 02",
                                res.commands.get("latency", "")))
+    if unread := list(dict.fromkeys(n for res in out.results for n in res.unread)):
+        found.append(Check("rdma", ", ".join(unread), WARN, "the rails' state (link_health.sh) could not be read "
+                           "before the tests: whether a rail was down and its counters are not judged",
+                           "every node's rail state read", "check SSH to the node and rerun 02"))
     if out.notes:
         found.append(Check("rdma", "all", WARN, "; ".join(out.notes), "every rail measured",
                            "name each rail's HCA (nodes[].rails[].hca; `ibdev2netdev` lists them)"))
@@ -148,7 +157,8 @@ def at_fault(params: Params, interface: str, mine: list[LinkResult], kinds: dict
     link is at rate (its cable or its switch port); otherwise nothing more than the links' rows."""
     nodes = list(dict.fromkeys(n for res in mine for n in (res.link.a, res.link.b)))
     slow = [res for res in mine if kinds[id(res)][0] in (SLOW, ERRORS, ONE_WAY)]
-    if len(nodes) < 3 or not slow or len(slow) == len(mine):
+    ok = [res for res in mine if kinds[id(res)][0] == OK]
+    if len(nodes) < 3 or not slow or not ok:
         return []
     for node in nodes:
         through = [res for res in mine if node in (res.link.a, res.link.b)]
@@ -157,7 +167,7 @@ def at_fault(params: Params, interface: str, mine: list[LinkResult], kinds: dict
             return [Check("link at fault", node, FAIL,
                           f"{interface}: every link through {node} is slow ({len(through)} of {len(through)}: "
                           + ", ".join(f"{r.link.label} {numbers(r)}" for r in through[:3])
-                          + f"), the other {len(mine) - len(through)} at rate",
+                          + f"), {len(ok)} other(s) at rate",
                           "every node's links at rate",
                           f"{node}'s cable on {interface} (or its switch port): {kind[2]}")]
     return []
@@ -173,7 +183,7 @@ def rail_gbps(out: RdmaOutcome | None) -> float | None:
         if res.forward is None or res.reverse is None:
             return None
         slower = min(res.forward, res.reverse)
-        per_rail[res.link.interface] = min(per_rail.get(res.link.interface, slower), slower)
+        per_rail[res.link.subnet] = min(per_rail.get(res.link.subnet, slower), slower)
     return sum(per_rail.values())
 
 
@@ -195,7 +205,7 @@ def plot(params: Params, out: RdmaOutcome | None, path: Path | None = None):
         return None
     import matplotlib.pyplot as plt
     import numpy as np
-    rails = list(dict.fromkeys(res.link.interface for res in out.results))
+    rails = list(dict.fromkeys(res.link.subnet for res in out.results))
     nodes = list(dict.fromkeys(n for res in out.results for n in (res.link.a, res.link.b)))
     fig, axes = plt.subplots(1, len(rails), figsize=(1.2 + 3.2 * len(rails) + 0.4 * len(nodes), 1.5 + 0.55 * len(nodes)),
                              squeeze=False)
@@ -204,7 +214,7 @@ def plot(params: Params, out: RdmaOutcome | None, path: Path | None = None):
     for ax, rail in zip(axes[0], rails):
         grid = np.full((len(nodes), len(nodes)), np.nan)
         for res in out.results:
-            if res.link.interface == rail:
+            if res.link.subnet == rail:
                 i, j = nodes.index(res.link.a), nodes.index(res.link.b)
                 grid[i, j] = np.nan if res.forward is None else res.forward
                 grid[j, i] = np.nan if res.reverse is None else res.reverse
@@ -216,7 +226,7 @@ def plot(params: Params, out: RdmaOutcome | None, path: Path | None = None):
         ax.set_yticks(range(len(nodes)), nodes)
         ax.set_xlabel("to")
         ax.set_ylabel("from")
-        ax.set_title(rail, fontsize=9)
+        ax.set_title(f"{next(r.link.interface for r in out.results if r.link.subnet == rail)} ({rail})", fontsize=9)
     fig.colorbar(image, ax=axes[0].tolist(), label="RDMA write Gb/s")
     fig.suptitle(f"each cable, one way ({params.name}; bar {bar:g} Gb/s)" if bar else f"each cable, one way ({params.name})",
                  fontsize=10)

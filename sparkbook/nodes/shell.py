@@ -2,8 +2,8 @@
 as arguments, quoting, node-to-node SSH, and the line actually sent (under a time limit, stopped when
 this machine goes away). No I/O here: :mod:`sparkbook.nodes.remote` sends these.
 
-A command is a sequence of arguments (quoted with :func:`shlex.join`), a :class:`Script` (a shell
-program of ``sparkbook/scripts/``, its values passed as arguments), or a one-line shell command
+A command is a sequence of arguments (quoted with :func:`shlex.join`), a :class:`Script` (a shell or
+Python program of ``sparkbook/scripts/``, its values passed as arguments), or a one-line shell command
 written by sparkbook, in which every value is inserted with :func:`sh` (quoted). Nothing from a
 parameters file reaches a shell unquoted.
 """

@@ -11,11 +11,11 @@ https://github.com/spark-arena/sparkrun/blob/1645c135ce241e9f08ba3e12316c7cdf4ec
 benchmarking/llama_benchy.py). The levels are labelled as llama-benchy names its decode rows
 (``tg128 @ d4096 (c2)``; ``tg128 (c1)`` at depth 0), so a row reads against the leaderboard's.
 
-What compares and what does not: the decode speed (tok/s per user, sparkbook's ``decode tok/s``)
-does. The leaderboard runs with the prefix cache on and sends the depth's context once before it
-measures, so its prefill covers the 2048 new tokens only; sparkbook prefills the whole depth and
-prompt of every request (no request shares a prefix), so its TTFT and prefill tok/s at depth are
-of more work and not comparable.
+How it compares: the profile's cells are measured as the leaderboard measures them
+(:mod:`sparkbook.bench.board`, llama-benchy 0.4.0's procedure and figures): the context loaded
+into the prefix cache first and only the new tokens prefilled, the server's sampling with EOS
+allowed, its totals; sparkbook's stricter figures of the same requests stay beside them under
+their own names. ``benchmarks/bench_vs_llamabenchy.py`` runs both tools on one endpoint.
 """
 
 from __future__ import annotations

@@ -81,8 +81,13 @@ def how(params: Params, pf: Preflight, node: str) -> str:
     """How a worker's files were compared with the head's: by content or by size, and what it read."""
     if params.model.verify != "all":
         return "by size; the config files by SHA-256"
-    got = pf.nodes[node].get("model_read")
-    return "by SHA-256" + (f"; hashing read {human_bytes(got[0])}, the rest cached" if got else "")
+    got, files = pf.nodes[node].get("model_read"), len(pf.nodes[node].get("model") or {})
+    if not got:
+        return "by SHA-256"
+    read = f"by SHA-256; hashing read {human_bytes(got[0])}"
+    if got[1] == 0:
+        return f"{read}, every digest cached"
+    return f"{read} ({got[1]} file(s)" + (", none cached)" if got[1] >= files else f", {files - got[1]} cached)")
 
 
 def hf_token(params: Params, pf: Preflight) -> Iterator[Check]:

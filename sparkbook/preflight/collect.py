@@ -16,7 +16,7 @@ from ..facts.manifest import Manifest, manifests
 from ..facts.parsers import (Fec, Gid, IbDevice, LinkSpeed, RailMap, SmiTable, parse_ethtool,
                              parse_fec_sections, parse_ibdev2netdev, parse_ibstat, parse_ibv_devinfo,
                              parse_nvidia_smi_table, parse_sections, parse_show_gids)
-from ..nodes.remote import Cluster
+from ..nodes.remote import Cluster, drop
 from ..nodes.shell import PEER_SSH, Bundle, bundle, script
 from ..params import Node, Params
 from ..serving import vllm as engine
@@ -214,11 +214,18 @@ def gather(params: Params, cluster: Cluster) -> Preflight:
     # the model's manifest hashes every file the first time (minutes for 100 GB): beside the
     # bundle, at once, under the distribution's limit
     read: dict[str, tuple[int, int]] = {}
-    with ThreadPoolExecutor(1) as pool:
+    pool = ThreadPoolExecutor(1)
+    try:
         models = pool.submit(manifests, params, cluster, None, read)
         results = cluster.run(lambda n: node_bundle(params, n), timeout=min(params.ssh.command_timeout, 60),
                               env={"LC_ALL": "C"})
         found = models.result()
+    except BaseException:  # Ctrl-C while the nodes hash: their commands end with their connections
+        pool.shutdown(wait=False, cancel_futures=True)
+        for node in params.nodes:
+            drop(node, cluster.ssh)
+        raise
+    pool.shutdown()
     nodes = {n.name: parse(results[n.name].stdout) for n in params.nodes if results[n.name].error is None}
     for name, facts in nodes.items():
         m = found.get(name)

@@ -13,9 +13,13 @@ parallel). With a CACHE file, a digest is kept per file by (device, inode) with 
 modification time and change time, and a file whose four are unchanged is not read again: a second
 manifest of a model that did not change reads nothing. The change time is kept because a program
 that writes a file and then sets its modification time back (``touch -d``, rsync's -t) cannot set
-it back. The cache is kept only in a folder of this user's own, private (mode 0700), not a link,
-in a parent alike: sparkbook's working folder (made where absent, as workdir.sh makes it); anywhere
-else it is ignored.
+it back. A digest is kept only where the file's four read the same after it was hashed and its
+change time is RACY_S older than the manifest's start: a write in the same tick of the file
+system's clock as the listing would leave all four unchanged (git's "racily clean" entries; 2 s
+is FAT's tick), so a file changed just before a manifest is read again by the next one. An
+unreadable folder is an error, never a shorter list. The cache is kept only in a folder of this
+user's own, private (mode 0700), not a link, in a parent alike: sparkbook's working folder (made
+where absent, as workdir.sh makes it); anywhere else it is ignored.
 
 Usage: python3 model_manifest.py MODEL_DIR all|config PARTIAL_DIR [CACHE]
   e.g. python3 model_manifest.py /models/Qwen3-8B all .sparkbook-partial /tmp/sparkbook-me/pair/digests.json
@@ -25,19 +29,27 @@ Runs with the node's python3 (3.8 or later), nothing else.
 import hashlib
 import json
 import os
+import re
 import stat
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 CONFIG_SUFFIXES = (".json", ".jinja", ".txt", ".model", ".py", ".tiktoken")
 CHUNK = 8 << 20
 THREADS = max(1, min(8, os.cpu_count() or 1))
+RACY_S = 2  # a change time this recent may hide a write in the same tick of the file system's clock
+SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def raise_error(e):
+    raise e
 
 
 def walk(root, partial):
     """(relative path, stat) of every regular file under ``root``, the left-out folders pruned."""
     out = []
-    for top, dirs, files in os.walk(root):
+    for top, dirs, files in os.walk(root, onerror=raise_error):
         rel_top = os.path.relpath(top, root)
         dirs[:] = sorted(d for d in dirs if d != partial
                          and os.path.normpath(os.path.join(rel_top, d)) != os.path.join(".cache", "huggingface"))
@@ -49,12 +61,23 @@ def walk(root, partial):
     return sorted(out)
 
 
+def mark(st):
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
 def digest(path):
+    """The file's SHA-256 and its mark (size, mtime, ctime) once read."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(CHUNK):
             h.update(block)
-    return h.hexdigest()
+        return h.hexdigest(), mark(os.fstat(f.fileno()))
+
+
+def valid(entry):
+    """A cache entry as save_cache writes it: [size, mtime_ns, ctime_ns, sha256]."""
+    return (isinstance(entry, list) and len(entry) == 4 and all(type(v) is int for v in entry[:3])
+            and isinstance(entry[3], str) and SHA256.fullmatch(entry[3]) is not None)
 
 
 def private_folder(path):
@@ -99,31 +122,33 @@ def main(argv):
     if not os.path.isdir(root):
         print("absent")
         return 0
+    start = time.time_ns()
     files = walk(root, partial)
     for rel, st in files:
         print(f"{st.st_size}\t-\t{rel}")
     wanted = [(rel, st) for rel, st in files if scope == "all" or rel.endswith(CONFIG_SUFFIXES)]
     cache = load_cache(cache_path)
-    known, todo, entries = {}, [], {}
+    settled = start - RACY_S * 10**9
+    known, todo, keep = {}, [], {}
     for rel, st in wanted:
         key = f"{st.st_dev}:{st.st_ino}"
-        mark = [st.st_size, st.st_mtime_ns, st.st_ctime_ns]
         hit = (cache or {}).get(key)
-        if hit and hit[:3] == mark:
-            known[rel] = hit[3]
+        if valid(hit) and hit[:3] == mark(st):
+            known[rel], keep[key] = hit[3], hit
         else:
             todo.append((rel, st))
-        entries[key] = mark
     with ThreadPoolExecutor(THREADS) as pool:
-        fresh = dict(zip((rel for rel, _ in todo), pool.map(lambda f: digest(os.path.join(root, f[0])), todo)))
-    known.update(fresh)
+        fresh = list(pool.map(lambda f: digest(os.path.join(root, f[0])), todo))
+    for (rel, st), (sha, after) in zip(todo, fresh):
+        known[rel] = sha
+        if after == mark(st) and st.st_ctime_ns < settled:
+            keep[f"{st.st_dev}:{st.st_ino}"] = [*after, sha]
     for rel, _ in wanted:
         print(f"#{rel}\t{known[rel]}")
     print(f"!read\t{sum(st.st_size for _, st in todo)}\t{len(todo)}")
     if cache is not None:
-        by_rel = {f"{st.st_dev}:{st.st_ino}": rel for rel, st in wanted}
         try:
-            save_cache(cache_path, {k: [*m, known[by_rel[k]]] for k, m in entries.items()})
+            save_cache(cache_path, keep)
         except OSError as e:
             print(f"model_manifest: digest cache not written: {e}", file=sys.stderr)
     return 0

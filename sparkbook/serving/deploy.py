@@ -176,6 +176,12 @@ def vllm_running(params: Params, cluster: Cluster, states: dict[str, NodeState])
     return any(states[n.name].running(name) for n in params.serving_nodes if n.name in states)
 
 
+def ray_running(params: Params, states: dict[str, NodeState]) -> bool:
+    """Whether 04's Ray container runs on every serving node."""
+    name = plan(params).ray_container
+    return all(n.name in states and states[n.name].running(name) for n in params.serving_nodes)
+
+
 def start_serving(params: Params, cluster: Cluster, states: dict[str, NodeState],
                   say: Callable[[str], object]) -> None:
     """vllm serve in the head's Ray container (04's cluster must run), or the mp containers."""
@@ -183,7 +189,7 @@ def start_serving(params: Params, cluster: Cluster, states: dict[str, NodeState]
         start(params, cluster, params.serving_nodes, False, say=say)
         return
     p = plan(params)
-    if not all(states[n.name].running(p.ray_container) for n in params.serving_nodes):
+    if not ray_running(params, states):
         raise CheckFailed("the Ray cluster is not running on every node: run 04_ray_cluster.ipynb first "
                           "(`sparkbook run -p FILE --steps 04`)")
     head = [params.head]

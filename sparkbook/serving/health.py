@@ -31,7 +31,12 @@ from ..nodes.shell import script
 from ..params import Params
 
 INTERVAL_S = 5.0
+SAMPLE_TIMEOUT_S = 30
 FOLDER = "health"
+# Clock-event reasons that a GPU at work shows by design: at full load the driver holds power at its
+# limit ("SW Power Cap", nvidia-smi's documentation: "the GPU is at its power limit"), which before a
+# run is a warning (01) and while serving is the GPU working
+UNDER_LOAD = {"SW Power Cap"}
 CABLE = ("the cable or transceiver of that rail loses traffic as it serves: reseat it at both ends, then "
          "measure it with 02_collectives.ipynb (each cable, both ways); replace the cable if the counter "
          "climbs again")
@@ -43,10 +48,10 @@ def sample_script(params: Params, node):
 
 def reading(text: str) -> dict[str, Any]:
     """One node's sample: ``{"errors": {interface: {counter: value}}, "reasons": {reason: mhz},
-    "xid": [line, ...]}`` (reasons: the slowdowns of facts/health.SLOWDOWNS that are active, with
+    "xid": [line, ...]}`` (errors: of the rails whose statistics were read; reasons: the slowdowns of facts/health.SLOWDOWNS that are active, with
     the graphics clock then)."""
     parsed = health.parse_link_health(text)
-    errors = {i: health.link_errors(r.get("stats", {}), r.get("fec")) for i, r in parsed["rails"].items()}
+    errors = {i: health.link_errors(r["stats"], r.get("fec")) for i, r in parsed["rails"].items() if r.get("stats")}
     reasons = {}
     for gpu in parsed["gpus"]:
         for reason, active in gpu["reasons"].items():
@@ -72,7 +77,7 @@ class Watch:
     def sample(self) -> None:
         at = time.time()
         try:
-            res = self.cluster.run(lambda n: sample_script(self.params, n), self.nodes, timeout=30)
+            res = self.cluster.run(lambda n: sample_script(self.params, n), self.nodes, timeout=SAMPLE_TIMEOUT_S)
         except Exception as e:  # the watch never stops the work it watches
             self.silent.update({n.name: str(e)[:200] for n in self.nodes})
             return
@@ -93,36 +98,42 @@ class Watch:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, final: bool = True) -> None:
+        """Ends the sampling; ``final``: take the last sample (not after the work failed or was
+        interrupted: nothing waits on the nodes then)."""
         self._stop.set()
         if self._thread:
-            self._thread.join(45)
-        self.sample()
+            self._thread.join(SAMPLE_TIMEOUT_S + 15)  # a sample in flight ends by its time limit
+        if final:
+            self.sample()
 
     def __enter__(self) -> "Watch":
         return self.start()
 
-    def __exit__(self, *exc) -> None:
-        self.stop()
+    def __exit__(self, kind, *exc) -> None:
+        self.stop(final=kind is None)
 
     def summary(self, windows: list[tuple[str, float, float]] | None = None) -> dict:
         """What changed, as plain data: ``events`` (each with its node, kind, what, its time in
         seconds from the start and as UTC, the status, the remedy and, given ``windows`` (label,
         start epoch, end epoch), the window it fell in), and how many samples of which nodes."""
         first: dict[str, dict] = {}
+        errors_at_first: dict[tuple[str, str], dict] = {}  # each rail's first sample that read it
         events: dict[tuple, dict] = {}
         for at, node, got in sorted(self.rows, key=lambda r: r[0]):
+            for interface, now in got["errors"].items():
+                if (base_errors := errors_at_first.setdefault((node, interface), now)) is now:
+                    continue
+                for counter, rise in health.grown(base_errors, now).items():
+                    ev = events.setdefault((node, "link", interface, counter), self._event(
+                        at, node, "link", f"{interface} {counter}", FAIL, CABLE, windows, rise=rise))
+                    ev["rise_by_end"] = rise
             if node not in first:
                 first[node] = got
                 continue
             base = first[node]
-            for interface, now in got["errors"].items():
-                for counter, rise in health.grown(base["errors"].get(interface, {}), now).items():
-                    ev = events.setdefault((node, "link", interface, counter), self._event(
-                        at, node, "link", f"{interface} {counter}", FAIL, CABLE, windows, rise=rise))
-                    ev["rise_by_end"] = rise
             for reason, mhz in got["reasons"].items():
-                if reason not in base["reasons"]:
+                if reason not in base["reasons"] and reason not in UNDER_LOAD:
                     status, remedy = health.SLOWDOWNS[reason]
                     events.setdefault((node, "gpu", reason), self._event(
                         at, node, "gpu", reason, status, remedy, windows, mhz=mhz))
@@ -139,7 +150,7 @@ class Watch:
         samples = {n.name: sum(1 for _, name, _ in self.rows if name == n.name) for n in self.nodes}
         return {"label": self.label, "interval_s": self.interval, "t0_epoch": self.t0,
                 "duration_s": round(max((r[0] for r in self.rows), default=self.t0) - self.t0, 1),
-                "samples": samples, "silent": self.silent, "events": list(events.values())}
+                "samples": samples, "silent": dict(self.silent), "events": list(events.values())}
 
     def _event(self, at: float, node: str, kind: str, what: str, status: str, remedy: str,
                windows: list[tuple[str, float, float]] | None, **extra) -> dict:

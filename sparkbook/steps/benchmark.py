@@ -57,6 +57,22 @@ def table(outcome: Results) -> Table:
                  title=f"benchmark: {outcome.model} ({outcome.endpoint}, prompts {outcome.prompt_sizing})")
 
 
+def board_table(outcome: Results) -> Table | None:
+    """With a ``benchmark.profile``: its cells as the leaderboard's tool prints them (llama-benchy
+    0.4.0's table: mean ± deviation over the runs; :mod:`sparkbook.bench.board`); None without."""
+    found = outcome.board_rows()
+    if not found:
+        return None
+
+    def f(m: dict | None) -> str:
+        return "" if m is None else f"{m['mean']:.2f} ± {m['std']:.2f}"
+
+    return Table(["test", "t/s (total)", "t/s (req)", "peak t/s", "peak t/s (req)", "ttfr (ms)", "est_ppt (ms)",
+                  "e2e_ttft (ms)"], [[r["test_name"], *(f(r[k]) for k in records.BOARD_METRICS)] for r in found],
+                 title=f"{outcome.benchmark.get('profile')}: measured as the leaderboard measures "
+                       "(llama-benchy 0.4.0's procedure and columns)")
+
+
 def checks(params: Params, outcome: Results) -> list[Check]:
     return bench_checks.checks(outcome, params.benchmark.references) + ceiling.checks(outcome) + \
         serving_health.checks(outcome.health, "07's levels")

@@ -50,7 +50,7 @@ def burn_in(ctx: Context, outcome: SmokeTest, **kw: Any) -> BurnIn:
     p = ctx.params
     with serving_health.watch(p, ctx.cluster, "burn-in") as watch:
         outcome.burn_in = ctx.record(burnin.run(p.endpoint, p.served_model, p.smoke, api_key=api_key(p) or "EMPTY", **kw))
-    end = time.time()
+        end = time.time()  # the soak's end, before the watch's last sample
     watch.save(ctx.run_dir)
     outcome.health = watch.summary([("the soak", end - outcome.burn_in.soak_s, end)] if outcome.burn_in.soak_s else None)
     return outcome.burn_in
