@@ -107,6 +107,14 @@ def field_sample(name: str) -> str:
     return "".join(lines[2:])
 
 
+def steps_seen(summary: dict) -> list[tuple]:
+    """Each step of a run summary as (name, status), and its error (the failed checks with their
+    remedies) where it did not pass: what a failed assertion on a run must show, since the step's
+    own output may be cut from the log that CI keeps."""
+    return [(s["name"], s["status"]) + ((s["error"],) if s["status"] != "passed" and s.get("error") else ())
+            for s in summary["steps"]]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -32,7 +32,7 @@ from sparkbook.params import load
 from sparkbook.record import expiry
 from sparkbook.runbook.runner import run
 
-from conftest import LAB_YAML
+from conftest import LAB_YAML, steps_seen
 
 NOTEBOOKS = LAB_YAML.parents[1] / "notebooks"
 
@@ -59,7 +59,7 @@ def rails(lab) -> dict[str, tuple]:
 
 def steps_pass(params_file, out, steps):
     summary = run(params_file, steps=steps, out=out, report=False)
-    assert summary["status"] == "passed", [(s["name"], s["status"]) for s in summary["steps"]]
+    assert summary["status"] == "passed", steps_seen(summary)
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ from sparkbook.serving.plan import plan
 from sparkbook.serving.state import node_states, service_states
 from sparkbook.serving.vllm import SERVE_PATTERN
 
-from conftest import LAB_YAML
+from conftest import LAB_YAML, steps_seen
 
 NOTEBOOKS = LAB_YAML.parents[1] / "notebooks"
 
@@ -62,7 +62,7 @@ def test_the_service_comes_back_after_a_crash_and_every_reboot_and_06_passes_aga
     params = load(LAB_YAML)
     basis = tmp_path / "basis"
     summary = run(LAB_YAML, steps="03,04,05,06", out=basis, report=False)
-    assert summary["status"] == "passed", [(s["name"], s["status"]) for s in summary["steps"]]
+    assert summary["status"] == "passed", steps_seen(summary)
     took = {}
     try:
         t0 = time.monotonic()
@@ -107,7 +107,7 @@ def test_the_service_comes_back_after_a_crash_and_every_reboot_and_06_passes_aga
 
         after = tmp_path / "after"
         summary = run(LAB_YAML, steps="06", out=after, report=False)
-        assert summary["status"] == "passed", [(s["name"], s["status"]) for s in summary["steps"]]
+        assert summary["status"] == "passed", steps_seen(summary)
         then, now = (json.loads((d / "smoke" / "known_answers.json").read_text()) for d in (basis, after))
         assert now["compared_with"] and now["compared"] == len(then["answers"]) and not now["differences"]
         assert [a.get("text") for a in now["answers"]] == [a.get("text") for a in then["answers"]]

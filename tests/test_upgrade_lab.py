@@ -22,7 +22,7 @@ from sparkbook.runbook.runner import run
 from sparkbook.serving.deploy import healthy
 from sparkbook.serving.state import node_states, service_states
 
-from conftest import LAB_YAML
+from conftest import LAB_YAML, steps_seen
 
 pytestmark = pytest.mark.lab
 
@@ -46,7 +46,7 @@ def test_a_good_candidate_is_promoted_and_a_wrapped_one_rolled_back_by_itself(la
     head = lab.nodes()[0]
     image = params.runtime.image
     summary = run(params_file, steps="03,04,05,06,07", out=outputs / "baseline", report=False)
-    assert summary["status"] == "passed", [(s["name"], s["status"]) for s in summary["steps"]]
+    assert summary["status"] == "passed", steps_seen(summary)
     previous = node_states(params, cluster)["spark-1"].image.id
     good = candidates.layered(head, image, "sbk-candidate:good")
     candidates.wrapped(head, image, "sbk-candidate:wrapped")
