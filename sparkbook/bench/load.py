@@ -87,6 +87,14 @@ class Runner:
             self.live.update(label, f"{bar(counts.total(), total, started, unit='req')}  failed {counts[False]}",
                              fraction=fraction_of(counts.total(), total))
 
+    def finish(self, label: str, lv: LevelResult) -> LevelResult:
+        """The level's final line, in place of its live one (or said, without a live display)."""
+        if self.live is not None:
+            self.live.update(label, lv.line(labelled=False), force=True, fraction=1.0)
+        else:
+            self.say(lv.line())
+        return lv
+
     async def warm(self, n: int, prompt_tokens: int, output_tokens: int, seed: int) -> list[str]:
         """Requests before measuring (first-request compilation, connections); their errors."""
         if n <= 0:
@@ -144,11 +152,7 @@ class Runner:
             watcher.cancel()
         duration, cpu = time.perf_counter() - t0, time.thread_time() - cpu0
         lv.summarize(records, duration, cpu, lag)
-        if self.live is not None:
-            self.live.update(label, lv.line(labelled=False), force=True, fraction=1.0)
-        else:
-            self.say(lv.line())
-        return lv
+        return self.finish(label, lv)
 
     async def cell(self, label: str, *, depth: int, concurrency: int, prompt_tokens: int, output_tokens: int,
                    runs: int, latency: float, many: bool, seed: int) -> LevelResult:
@@ -170,11 +174,7 @@ class Runner:
         lv.prompt_sizing = self.prompts.sizing
         lv.summarize(got.records, got.duration_s, time.thread_time() - cpu0, [])
         lv.board = got.board
-        if self.live is not None:
-            self.live.update(label, lv.line(labelled=False), force=True, fraction=1.0)
-        else:
-            self.say(lv.line())
-        return lv
+        return self.finish(label, lv)
 
 
 @asynccontextmanager
