@@ -133,9 +133,14 @@ def test_latencies_follow_the_servers_delays():
     assert all(r.ttft_ms >= 150 for r in lv.requests)  # the first token, not the headers
     assert all(r.e2e_ms >= r.ttft_ms + 5 * 18 for r in lv.requests)
     # 10 gaps of 20 ms and 10 of 80 ms; a gap seen by the client can be a little shorter than the
-    # server's sleep (the chunk before it read a little late), hence 90 %
+    # server's sleep (the chunk before it read a little late), hence 90 %. On a busy machine a gap can
+    # also be longer (the client scheduled late), so the split is judged by each request's median of
+    # 5 gaps, which one late gap cannot move, and the pooled figures only from below
     itl = lv.itl_ms
-    assert 18 <= itl["p50"] < 72 <= itl["p90"] <= itl["p99"] and itl["mean"] >= 45
+    assert itl["p50"] >= 18 and 72 <= itl["p90"] <= itl["p99"] and itl["mean"] >= 45
+    medians = sorted(np.median(r.itl_ms) for r in lv.requests)
+    assert all(len(r.itl_ms) == 5 for r in lv.requests)
+    assert 18 <= medians[0] <= medians[1] < 50 < 72 <= medians[2]
     slow = [r for r in lv.requests if np.median(r.itl_ms) > 50]
     assert len(slow) == 2 and all(r.decode_tok_s <= 1000 / 72 and r.tpot_ms >= 72 for r in slow)
 
