@@ -178,6 +178,8 @@ ROWS: dict[str, Entry] = {
                                       "test_a_stuck_worker_fails_the_model_sync_by_name_and_the_other_finishes"),
     "extra model files": Tests("tests/test_distribute_safety.py::"
                                "test_a_workers_extra_files_are_kept_and_named_in_a_warning"),
+    "model copy rails": Tests("tests/test_distribute_safety.py::"
+                              "test_a_rail_that_is_down_hands_its_files_to_the_first_and_03_names_it"),
 
     # ------------------------------------------------------------------------- 04 Ray cluster, 04-05's image checks
     "in the Ray cluster": Tests(SERVING + "test_a_subset_serves_and_a_node_outside_it_in_the_ray_cluster_fails",

@@ -229,9 +229,14 @@ def test_model_sync_script_quotes_names_and_never_leaves_partial_files_under_the
     s = sync_script(params, {worker.name: ["a b.safetensors", "x'; touch pwned"]})
     assert s.name == "model_sync.sh"
     assert s.args[:3] == ("/models/tiny-qwen3", ".sparkbook-partial", "120")
-    assert s.args[3:5] == (worker.name, worker.peer_target) and s.args[6:] == ("2", "a b.safetensors", "x'; touch pwned")
+    first, second = worker.rails  # one file over each twin
+    assert s.args[3:5] == (f"{worker.name}@{first.interface}", worker.peer_target)
+    assert s.args[6:8] == ("1", "a b.safetensors")
+    assert s.args[8:10] == (f"{worker.name}@{second.interface}", f"{worker.user}@{second.ip}")
+    assert s.args[11:] == ("1", "x'; touch pwned")
     rsh = s.args[5]
     assert "StrictHostKeyChecking=yes" in rsh and "ServerAliveInterval=" in rsh and not rsh.endswith(worker.peer_target)
+    assert s.args[10] == f"{rsh} -o HostKeyAlias={worker.fabric_address}"  # the same host key as the first
     text = s.text
     assert "--partial-dir=\"$partial\"" in text and " -I " in text and "--timeout=\"$stall\"" in text
     assert "--delete" not in text and "--ignore-missing-args" in text
@@ -299,7 +304,8 @@ def test_distribution_outcome_keeps_todays_file_and_key_number(tmp_path):
     sent = data["image"]["transfers"][0]
     assert sent["wire"] == 4_120_000_000 and sent["rate_mb_s"] == 65.0
     assert data["model"]["synced"]["spark-2"] == {"files": 1, "seconds": 0.4, "error": None,
-                                                   "command": "bash sparkbook/scripts/model_sync.sh ..."}
+                                                   "command": "bash sparkbook/scripts/model_sync.sh ...",
+                                                   "rails": {}, "fell_back": None}
     assert (tmp_path / "image_transfers.csv").read_text().startswith("node,method,read from")
     assert outcome.key_numbers() == [("image distribution", "spark-2: 4.12 GB in 63 s (3 layers already there)")]
     checks = step.checks(params, outcome)
@@ -845,6 +851,8 @@ def test_a_worker_without_the_model_gets_all_of_it(lab, params, cluster):
     assert out.before[worker.name] == {n: "missing" for n in files}
     assert out.after[worker.name] == {} and not failures(model_checks(params, out))
     assert out.synced[worker.name].files == len(files)
+    # both twins carried files, over real SSH to each rail's address (the host key checked as the first's)
+    assert set(out.synced[worker.name].rails) == {r.interface for r in worker.rails}, out.synced
 
 
 def test_a_same_size_corrupt_shard_fails_01_is_copied_again_by_03_and_the_next_01_reads_nothing(

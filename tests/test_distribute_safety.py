@@ -30,18 +30,22 @@ local_nodes = test_distribute.local_nodes  # the fixture: workers as folders, so
 
 quiet = lambda *_: None  # noqa: E731
 
-# A stand-in for SSH between the nodes, as rsync runs it (RSH [-l USER] HOST COMMAND...): the command runs
-# in the target's folder (named by its fabric address) and its input passes through here, counted
-# in TARGET.sent; RSH_CUT=N drops the link after N bytes (as a pulled cable would: both directions
+# A stand-in for SSH between the nodes, as rsync runs it (RSH [-o OPTION]... [-l USER] HOST COMMAND...): the
+# command runs in the target's folder (named by its fabric address; its other rails' addresses link
+# there) and its input passes through here, counted in TARGET.sent (per address: per rail); RSH_DOWN=ADDRESS
+# refuses that address (a rail that is down), RSH_CUT=N drops the link after N bytes (as a pulled cable would: both directions
 # end), RSH_STALL=ADDRESS stalls the link to that target after 64 KiB, both ways (as a worker that
 # hangs or vanishes: nothing comes back, nothing is taken), for 20 s.
 STAND_IN_RSH = """#!/usr/bin/env python3
 import os, subprocess, sys, threading, time
 root = os.path.dirname(os.path.abspath(__file__))
 args = sys.argv[1:]
-if args[0] == "-l":  # rsync passes USER@HOST's user so
+while args[0] in ("-l", "-o"):  # rsync passes USER@HOST's user so; -o: the copy's SSH options
     args = args[2:]
 host, command = args[0].rsplit("@", 1)[-1], " ".join(args[1:])
+if os.environ.get("RSH_DOWN") == host:  # a rail that is down: ssh's connect timeout
+    sys.stderr.write(f"ssh: connect to host {host} port 22: Connection timed out\\n")
+    os._exit(255)
 cut = int(os.environ.get("RSH_CUT") or 0)
 stall = os.environ.get("RSH_STALL") == host
 p = subprocess.Popen(["sh", "-c", command], cwd=os.path.join(root, host),
@@ -98,9 +102,9 @@ class Folders:
             out[n.name] = Result(n.name, str(c), r.returncode, r.stdout, r.stderr)
         return out
 
-    def sent(self, node) -> list[int]:
-        """The bytes each copy to ``node`` carried to it (its stand-in SSH counts them)."""
-        path = self.root / f"{self.params.node(node).fabric_address}.sent"
+    def sent(self, node, rail: int = 0) -> list[int]:
+        """The bytes each copy to ``node`` carried to it over one of its rails (its stand-in SSH counts them)."""
+        path = self.root / f"{self.params.node(node).rails[rail].ip}.sent"
         return [int(n) for n in path.read_text().split()] if path.exists() else []
 
 
@@ -119,6 +123,8 @@ def folders(tmp_path, monkeypatch):
     cluster = Folders(tmp_path, params)
     for n in params.nodes:
         (cluster.folder(n) / "model").mkdir(parents=True)
+        for rail in n.rails[1:]:
+            (tmp_path / str(rail.ip)).symlink_to(cluster.folder(n).name)
     head = cluster.folder(params.head) / "model"
     (head / "config.json").write_text('{"model_type": "qwen3"}\n')
     (head / "model.safetensors").write_bytes(os.urandom(6_000_000))
@@ -311,6 +317,60 @@ def test_a_stuck_worker_fails_the_image_copy_by_name_and_the_others_finish(
     else:
         assert got["spark-4"].error == (f"not reached: the relay on {stuck} failed ({stuck} took no data "
                                         "for 2 s: stopped)")
+
+
+# ------------------------------------------------------------- 10. both rails carry the copy
+
+def sharded(cluster, params, sizes=(700_000, 650_000, 600_000, 600_000, 550_000, 500_000, 450_000, 400_000)):
+    """A sharded model on the head (its shards of unequal sizes, as a large model's last one is)."""
+    head = cluster.at(params.head)
+    (head / "model.safetensors").unlink()
+    for i, size in enumerate(sizes, 1):
+        (head / f"model-{i:05d}-of-{len(sizes):05d}.safetensors").write_bytes(os.urandom(size))
+    return sum(sizes)
+
+
+def test_a_sharded_model_goes_over_both_rails_each_carrying_half_within_a_tenth(folders):
+    params, cluster = folders
+    total = sharded(cluster, params)
+    out = sync_model(params, cluster, say=quiet, show=False)
+    first, second = (r.interface for r in params.head.rails)
+    for w in params.workers:
+        # measured where the bytes pass (the stand-in SSH of each rail), rsync's own protocol included
+        carried = [sum(cluster.sent(w.name, rail)) for rail in (0, 1)]
+        assert sum(carried) > total and abs(carried[0] - carried[1]) <= 0.1 * max(carried), carried
+        assert set(out.synced[w.name].rails) == {first, second} and out.synced[w.name].fell_back is None
+        assert same(cluster.at(params.head), cluster.at(w), "model-00008-of-00008.safetensors")
+        row = next(c for c in model_checks(params, out) if c.check == "model files" and c.node == w.name)
+        assert row.status == PASS and f"over {first} " in row.observed and f", {second} " in row.observed
+
+
+def test_a_rail_that_is_down_hands_its_files_to_the_first_and_03_names_it(folders, monkeypatch):
+    params, cluster = folders
+    sharded(cluster, params)
+    down, fine = params.workers
+    second = down.rails[1]
+    monkeypatch.setenv("RSH_DOWN", str(second.ip))
+    out = sync_model(params, cluster, say=quiet, show=False)
+    assert out.after == {down.name: {}, fine.name: {}} and out.synced[down.name].error is None
+    assert list(out.synced[down.name].rails) == [down.rails[0].interface]  # everything over the first
+    assert out.synced[down.name].fell_back.startswith(f"{second.interface} (rsync exited ")
+    assert len(out.synced[fine.name].rails) == 2
+    rows = [c for c in model_checks(params, out) if c.status != PASS]
+    assert [(c.check, c.node, c.status) for c in rows] == [("model copy rails", down.name, WARN)]
+    assert second.interface in rows[0].observed and "02_collectives" in rows[0].remedy
+
+
+def test_copies_take_the_rails_both_nodes_have_a_network_on_or_the_first_alone_when_asked():
+    params = validate(lab_params(2))
+    head, worker = params.head, params.workers[0]
+    both = model.lanes(params, head, worker)
+    assert [(la.interface, la.target) for la in both] == [(r.interface, f"{worker.user}@{r.ip}") for r in worker.rails]
+    assert f"HostKeyAlias={worker.fabric_address}" in both[1].ssh and "HostKeyAlias" not in " ".join(both[0].ssh)
+    assert model.lanes(with_distribution(params, rails="first"), head, worker) == both[:1]
+    one_rail = head.model_copy(update={"rails": head.rails[:1]})  # no route of its own to the twin
+    assert model.lanes(params, one_rail, worker) == both[:1]
+    assert model.split(["a", "b", "c", "d"], {"a": 5, "b": 4, "c": 3, "d": 3}, 2) == [["a", "d"], ["b", "c"]]
 
 
 # ---------------------------------------------------------------------------------- on the lab

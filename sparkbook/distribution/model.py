@@ -4,7 +4,9 @@ sparkbook did not put there.
 The manifest preflight reads (:mod:`sparkbook.facts.manifest`, which leaves out ``.cache/huggingface``,
 a download's bookkeeping, and the sync's partial files: never compared, copied or deleted) on every
 node; where a worker's differs from the head's, ``scripts/model_sync.sh`` on the head runs rsync
-over the fabric to every such worker at once, sending the differing files only (resumable: partial
+over the fabric to every such worker at once, sending the differing files only, split by size over
+every rail the two nodes share (:func:`lanes`: a Spark's twins, each its own link; a rail whose copy
+fails hands its files to the first, and 03 names it), resumable: partial
 files wait in a side folder, never under their real name, and the next 03 continues them; a copy
 that moves nothing for :data:`~.lines.STALL_S` fails by name), then the workers' manifests are
 compared again. Files a worker holds under ``model.path`` that the head lacks (another model in the
@@ -36,15 +38,35 @@ SHOWN_EXTRAS = 5  # extra files named in a check; the count of the others follow
 RSYNC_TIMEOUT = 30  # rsync's exit status when --timeout passed without data (rsync(1), EXIT VALUES)
 
 Differences = dict[str, str]  # relative path -> what differs (manifest_differences)
+End = tuple[int | None, str]  # a stream's rsync exit status (None: never reported), its last error line
 
 
 @dataclass
 class ModelCopy:
-    """One worker's rsync: how many files, how long, how it ended, and the command."""
+    """One worker's copy: how many files, how long, how it ended, the command (its first rail's),
+    the bytes each rail carried (by the files' sizes) and what fell back to the first rail."""
     files: int
     seconds: float
     error: str | None
     command: str
+    rails: dict[str, int] = field(default_factory=dict)  # interface (or the host) -> bytes sent over it
+    fell_back: str | None = None  # a rail whose copy failed, its files then sent over the first
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One stream of a model copy: to ``worker`` over one of its rails (``interface``; "host"
+    for a worker that lists none, reached at its host), at ``target`` by ``ssh`` (the command
+    without the target)."""
+    worker: str
+    interface: str
+    target: str
+    ssh: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        """For the script's progress and DONE lines (node names and interfaces hold no ``@``)."""
+        return f"{self.worker}@{self.interface}"
 
 
 @dataclass
@@ -84,13 +106,59 @@ def differences(params: Params, found: dict[str, Manifest | None | str],
     return diffs
 
 
-def sync_script(params: Params, files: dict[str, list[str]], source: Node | None = None) -> Script:
+def lanes(params: Params, source: Node, worker: Node) -> list[Lane]:
+    """The rails a copy from ``source`` to ``worker`` takes: the worker's first (its fabric
+    address, as every node-to-node SSH), then, with ``distribution.rails: all``, each other rail of
+    the worker on a network where ``source`` has a rail too (no route through anything else). SSH
+    to those checks the host key under the first rail's address (``HostKeyAlias``): the same
+    machine, verified even where known_hosts names only that address."""
+    ssh = peer_ssh(worker)[:-1]
+    first = Lane(worker.name, worker.rails[0].interface if worker.rails else "host",
+                 worker.peer_target, tuple(ssh))
+    if params.distribution.rails == "first":
+        return [first]
+    shared = {r.network for r in source.rails}
+    user = f"{worker.user}@" if worker.user else ""
+    return [first, *(Lane(worker.name, r.interface, f"{user}{r.ip}",
+                          (*ssh, "-o", f"HostKeyAlias={worker.fabric_address}"))
+                     for r in worker.rails[1:] if r.network in shared)]
+
+
+def split(names: list[str], sizes: dict[str, int], parts: int) -> list[list[str]]:
+    """``names`` over ``parts`` streams by size: each file, the largest first, to the stream with
+    the fewest bytes so far, then the fewest files (a sharded model's halves within a shard of each
+    other)."""
+    out: list[list[str]] = [[] for _ in range(parts)]
+    load = [(0, 0)] * parts
+    for name in sorted(names, key=lambda n: -sizes.get(n, 0)):
+        i = load.index(min(load))
+        out[i].append(name)
+        load[i] = (load[i][0] + sizes.get(name, 0), load[i][1] + 1)
+    return out
+
+
+def sync_script(params: Params, files: dict[str, list[str]], source: Node | None = None,
+                sizes: dict[str, int] | None = None) -> Script:
     """``model_sync.sh`` on ``source`` (the head by default): ``files`` (worker -> relative names)
-    to each worker over the fabric, each through its own SSH command (with keepalives)."""
-    args: list[object] = [params.model.path, PARTIAL_DIR, STALL_S]
+    to each worker over the fabric, split by ``sizes`` (the head's manifest: name -> bytes) over
+    its :func:`lanes`, each stream through its own SSH command (with keepalives)."""
+    return lane_script(params, assign(params, files, source or params.head, sizes or {}))
+
+
+def assign(params: Params, files: dict[str, list[str]], source: Node,
+           sizes: dict[str, int]) -> list[tuple[Lane, list[str]]]:
+    """Each worker's files split over its lanes from ``source`` (lanes left without a file dropped)."""
+    streams = []
     for name, names in files.items():
-        worker = params.node(name)
-        args += [name, worker.peer_target, command_line(peer_ssh(worker)[:-1]), len(names), *names]
+        ways = lanes(params, source, params.node(name))
+        streams += [(lane, part) for lane, part in zip(ways, split(names, sizes, len(ways))) if part]
+    return streams
+
+
+def lane_script(params: Params, streams: list[tuple[Lane, list[str]]]) -> Script:
+    args: list[object] = [params.model.path, PARTIAL_DIR, STALL_S]
+    for lane, names in streams:
+        args += [lane.name, lane.target, command_line(list(lane.ssh)), len(names), *names]
     return script("model_sync.sh", *args)
 
 
@@ -131,7 +199,8 @@ def sync_model(params: Params, cluster: Cluster, say: Callable[[str], object] = 
     if out.enabled and not todo:
         say(f"every worker holds the head's files in {params.model.path}: nothing to copy")
     if out.enabled and todo:
-        copy_files(params, cluster, todo, out, say, show)
+        copy_files(params, cluster, todo, out, say, show,
+                   sizes(found, params.head.name, {n for ns in todo.values() for n in ns}))
     if out.enabled and out.delete_extras and extra:
         delete_extras(params, cluster, extra, found, out, say)
     changed = (set(todo) | set(out.deleted)) if out.enabled else set()
@@ -159,9 +228,12 @@ def sizes(found: dict[str, Manifest | None | str], node: str, names: list[str]) 
 
 
 def copy_files(params: Params, cluster: Cluster, todo: dict[str, list[str]], out: ModelOutcome,
-               say: Callable[[str], object], show: bool) -> None:
-    """rsync of ``todo`` (worker -> the files it lacks or holds differently) round by round;
-    each worker's copy in ``out.synced``."""
+               say: Callable[[str], object], show: bool, sizes: dict[str, int] | None = None) -> None:
+    """rsync of ``todo`` (worker -> the files it lacks or holds differently) round by round, each
+    worker's files split by ``sizes`` (the head's manifest) over its :func:`lanes`; a rail beyond
+    the first whose copy failed while the first's succeeded hands its files to the first. Each
+    worker's copy in ``out.synced``."""
+    sizes = sizes or {}
     for w, names in todo.items():
         say(f"{w}: {len(names)} file(s) differ from the head: {', '.join(names[:5])}"
             + (" ..." if len(names) > 5 else ""))
@@ -178,24 +250,73 @@ def copy_files(params: Params, cluster: Cluster, todo: dict[str, list[str]], out
             for source, fed in level.items():
                 jobs.setdefault(params.head.name if source in failed else source, []).extend(fed)
             start = time.monotonic()
-            res = cluster.run(lambda n: sync_script(params, {w: todo[w] for w in jobs[n.name]}, n), list(jobs),
-                              timeout=params.distribution.timeout_s, stream=Lines(each))
+            ended = copy_round(params, cluster, {s: assign(params, {w: todo[w] for w in fed}, params.node(s), sizes)
+                                                 for s, fed in jobs.items()}, sizes, each)
             took = time.monotonic() - start
             for source, fed in jobs.items():
-                ends = {m.group(1): (int(m.group(2)), m.group(3)) for m in
-                        re.finditer(r"^DONE (\S+) (\d+) ?(.*)$", res[source].stdout, re.M)}
                 for w in fed:
-                    code, seen = ends.get(w, (None, res[source].summary()))
+                    (code, seen), rails, fell = ended[w]
                     if code == RSYNC_TIMEOUT:
                         seen = f"no data moved for {STALL_S} s: {w} or the link to it is stuck ({seen})"
                     more = len(todo[w]) - SHOWN_FILES
-                    shown = (f"on {source}: " + str(sync_script(params, {w: todo[w][:SHOWN_FILES]}, params.node(source)))
+                    shown = (f"on {source}: " + str(sync_script(params, {w: todo[w][:SHOWN_FILES]},
+                                                                params.node(source), sizes))
                              + (f"  # and {more} more files" if more > 0 else ""))
                     out.synced[w] = ModelCopy(len(todo[w]), round(took, 1),
                                               None if code == 0 else f"rsync from {source} exited {code}: {seen}",
-                                              shown)
+                                              shown, rails, fell)
                     if code != 0:
                         failed.add(w)
+
+
+def copy_round(params: Params, cluster: Cluster, streams: dict[str, list[tuple[Lane, list[str]]]],
+               sizes: dict[str, int], each: Callable[[str], None]) -> dict[str, tuple[End, dict[str, int], str | None]]:
+    """One round's copies (``streams``: source -> its lanes and their files), then again over the
+    first rail the files of any other rail whose copy failed where the first's succeeded. Each
+    worker's first failure (or ``(0, "")``), the bytes each rail carried, and the rail that fell back."""
+    ends = run_lanes(params, cluster, streams, each)
+    copies: dict[str, list[End]] = {}
+    rails: dict[str, dict[str, int]] = {}
+    fell: dict[str, str] = {}
+    retry: dict[str, dict[Lane, list[str]]] = {}  # source -> a worker's first lane -> files handed to it
+
+    def ended(lane: Lane, names: list[str], end: End) -> None:
+        copies.setdefault(lane.worker, []).append(end)
+        if end[0] == 0:
+            carried = rails.setdefault(lane.worker, {})
+            carried[lane.interface] = carried.get(lane.interface, 0) + sum(sizes.get(n, 0) for n in names)
+
+    for s, st in streams.items():
+        first: dict[str, Lane] = {}
+        for lane, names in st:
+            main = first.setdefault(lane.worker, lane)
+            end = ends[s, lane.name]
+            if end[0] != 0 and lane != main and ends[s, main.name][0] == 0:
+                fell[lane.worker] = f"{lane.interface} (rsync exited {end[0]}: {end[1]})"
+                retry.setdefault(s, {}).setdefault(main, []).extend(names)
+            else:
+                ended(lane, names, end)
+    if retry:
+        again = {s: list(by.items()) for s, by in retry.items()}
+        for (s, name), end in run_lanes(params, cluster, again, each).items():
+            ended(*next((lane, names) for lane, names in again[s] if lane.name == name), end)
+    return {w: (next((e for e in copies[w] if e[0] != 0), (0, "")), rails.get(w, {}), fell.get(w)) for w in copies}
+
+
+def run_lanes(params: Params, cluster: Cluster, streams: dict[str, list[tuple[Lane, list[str]]]],
+              each: Callable[[str], None]) -> dict[tuple[str, str], End]:
+    """``model_sync.sh`` on each source at once (``streams``: source -> its lanes and their
+    files); (source, lane name) -> (rsync's exit status, its last error line), None with what
+    the source said where the script never reported the lane."""
+    res = cluster.run(lambda n: lane_script(params, streams[n.name]), list(streams),
+                      timeout=params.distribution.timeout_s, stream=Lines(each))
+    ends = {}
+    for source, st in streams.items():
+        done = {m.group(1): (int(m.group(2)), m.group(3)) for m in
+                re.finditer(r"^DONE (\S+) (\d+) ?(.*)$", res[source].stdout, re.M)}
+        for lane, _ in st:
+            ends[source, lane.name] = done.get(lane.name, (None, res[source].summary()))
+    return ends
 
 
 def delete_extras(params: Params, cluster: Cluster, extra: dict[str, list[str]],
@@ -241,7 +362,8 @@ def model_checks(params: Params, out: ModelOutcome) -> list[Check]:
         synced = out.synced.get(w)
         diffs = describe_differences(split_extras(found)[0])
         if not diffs:
-            how = f"copied {synced.files} differing file(s)" if synced else "identical to the head's"
+            how = "identical to the head's" if not synced else \
+                f"copied {synced.files} differing file(s)" + (f" over {over(synced.rails)}" if synced.rails else "")
             checks.append(Check("model files", w, PASS, how, "the head's manifest"))
         elif not out.enabled:
             checks.append(Check("model files", w, FAIL, "; ".join(diffs[:4]), "the head's manifest",
@@ -253,8 +375,20 @@ def model_checks(params: Params, out: ModelOutcome) -> list[Check]:
                                 "check the worker's free disk space and head-to-worker SSH on the "
                                 "fabric (01_preflight.ipynb), then run 03 again: rsync resumes the partial "
                                 "files", synced.command if synced else ""))
+        if synced and synced.fell_back:
+            checks.append(Check(
+                "model copy rails", w, WARN, f"the copy over {synced.fell_back} failed; its files went over the "
+                f"first rail instead ({over(synced.rails)})", "every rail the nodes share carries its part",
+                "that rail is down or drops traffic: measure it with 02_collectives.ipynb (each cable, "
+                "both ways); until then copies take the first rail alone (distribution.rails: first "
+                "says so in advance)", synced.command))
         checks += extra_checks(params, out, w)
     return checks
+
+
+def over(rails: dict[str, int]) -> str:
+    """``enp1s0f1np1 1.2 GiB, enP2p1s0f1np1 1.1 GiB``: what each rail carried."""
+    return ", ".join(f"{i} {human_bytes(b)}" for i, b in rails.items())
 
 
 def extra_checks(params: Params, out: ModelOutcome, worker: str) -> list[Check]:

@@ -166,6 +166,10 @@ class Distribution(Section):
     timeout_s: float = Field(3600, gt=0, le=DAY, description="limit for one image or model copy")
     model_sync: bool = Field(True, description="copy the model from the head where a worker's "
                              "differs; off where the model lives on shared storage (NFS)")
+    rails: Literal["all", "first"] = Field(
+        "all", description="all: a model copy splits its files over every rail the two nodes share a "
+        "network on (a Spark's twins), by size, and a rail that fails hands its files to the first; "
+        "first: the first rail only")
     delete_extras: bool = Field(False, description="delete files a worker holds under model.path "
                                 "that the head lacks (named in 03's verdict); by default they are "
                                 "kept and reported as a WARN")
