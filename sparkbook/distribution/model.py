@@ -228,12 +228,11 @@ def sizes(found: dict[str, Manifest | None | str], node: str, names: list[str]) 
 
 
 def copy_files(params: Params, cluster: Cluster, todo: dict[str, list[str]], out: ModelOutcome,
-               say: Callable[[str], object], show: bool, sizes: dict[str, int] | None = None) -> None:
+               say: Callable[[str], object], show: bool, sizes: dict[str, int]) -> None:
     """rsync of ``todo`` (worker -> the files it lacks or holds differently) round by round, each
     worker's files split by ``sizes`` (the head's manifest) over its :func:`lanes`; a rail beyond
     the first whose copy failed while the first's succeeded hands its files to the first. Each
     worker's copy in ``out.synced``."""
-    sizes = sizes or {}
     for w, names in todo.items():
         say(f"{w}: {len(names)} file(s) differ from the head: {', '.join(names[:5])}"
             + (" ..." if len(names) > 5 else ""))
