@@ -23,8 +23,9 @@ prefill (``pp`` rows' t/s) and first-token times (ttfr, est_ppt, e2e_ttft) withi
 Two targets (``--server``): ``lab`` (the default) is the lab's vLLM, whose speed on two shared
 cores moves 15-20 % from one run to the next, so the interval says how many pairs a goal needs;
 ``paced`` is the tests' fake OpenAI server (tests/fake_openai.py) in a process of its own, with a
-fixed TTFT and time per token, so that what is left is the tools' own measurement (their clocks,
-definitions, totals and client overhead), not the server's noise.
+fixed TTFT and time per token, counting tokens with the lab model's tokenizer as llama-benchy
+does, so that what is left is the tools' own measurement (their clocks, definitions, totals and
+client overhead), not the server's noise.
 
 ``lab`` needs root and ``sparkbook lab up``; it brings up what serving needs and leaves the lab as
 found (benchmarks/labserving.py). llama-benchy is installed on first use in a venv of its own under
@@ -128,8 +129,11 @@ def target(args) -> Iterator[tuple[str, str, Path]]:
                                  "sparkbook puts no secret: run this against a lab without serving.api_key_env")
             yield params.endpoint, params.served_model, run_dir
         return
-    with paced_server("127.0.0.1", "fake-model", args.paced_ttft, args.paced_itl) as url:
-        yield url, "fake-model", Path("outputs") / f"bench-vs-llamabenchy-paced-{time.strftime('%Y%m%dT%H%M%S')}"
+    # the server counts tokens with the tokenizer llama-benchy is given (its toy count would read
+    # llama-benchy's prompts 15-20 % longer than llama-benchy sized them, and its prefill t/s so)
+    with paced_server("127.0.0.1", "fake-model", args.paced_ttft, args.paced_itl,
+                      tokenizer=model_dir() / "tokenizer.json", python=VENV / "bin" / "python") as paced:
+        yield paced.url, "fake-model", Path("outputs") / f"bench-vs-llamabenchy-paced-{time.strftime('%Y%m%dT%H%M%S')}"
 
 
 def main() -> None:

@@ -26,7 +26,9 @@ output tokens each side counted.
 fake OpenAI server, tests/fake_openai.py, on this machine's end of the lab's management bridge, in
 a process of its own: a fixed TTFT and time per token), so that what differs between them is their
 own clocks, connection handling and event loop, not the server's speed; the clients still run in
-the serving image on the head, and nothing is served on the lab.
+the serving image on the head, and nothing is served on the lab. The server keeps each request's
+arrival and first token on the clock both clients read (time.perf_counter, one for the machine),
+so each side's mean TTFT is also shown less the server's own: the milliseconds its clock adds.
 
 Needs root and `sparkbook lab up`; brings up what the parameters' path needs, as the runbook
 does: 03's image and model on every node (copied where they differ, and kept, as 08 keeps them),
@@ -185,8 +187,8 @@ def main() -> None:
         with serving("bench-vs-vllm", mine) as (lab, params, cluster, run_dir):
             measure(args, params, cluster, run_dir, api_on_head(params))
         return
-    with paced(args, params, mine) as (cluster, run_dir, url):
-        measure(args, params, cluster, run_dir, url)
+    with paced(args, params, mine) as (cluster, run_dir, server):
+        measure(args, params, cluster, run_dir, server.url, server.served)
 
 
 @contextmanager
@@ -198,16 +200,26 @@ def paced(args, params, containers):
     from labserving import paced_server
     cluster = Cluster.from_params(params)
     run_dir = default_run_dir(params).parent / f"bench-vs-vllm-paced-{time.strftime('%Y%m%dT%H%M%S')}"
-    with paced_server(f"{MGMT_NET}.1", params.model.path, args.paced_ttft, args.paced_itl) as url:
+    with paced_server(f"{MGMT_NET}.1", params.model.path, args.paced_ttft, args.paced_itl) as server:
         try:
             prepare(params, cluster, [params.head])
-            yield cluster, run_dir, url
+            yield cluster, run_dir, server
         finally:
             cluster.run_on(params.head, ["docker", "rm", "-f", *containers], timeout=60)
 
 
-def measure(args, params, cluster, run_dir: Path, url: str) -> None:
-    """The levels, each as --repeat back-to-back pairs; the table, saved in the run folder."""
+def server_ttft_ms(served, n: int) -> float | None:
+    """The paced server's own mean TTFT (arrival to first token, ms) over the last ``n``
+    generations it served since the last call: a client's measured requests, after its warm-up;
+    None without a paced server."""
+    got = served()[-n:] if served is not None else []
+    return statistics.mean(b - a for a, b in got) * 1e3 if got else None
+
+
+def measure(args, params, cluster, run_dir: Path, url: str, served=None) -> None:
+    """The levels, each as --repeat back-to-back pairs; the table, saved in the run folder.
+    ``served``: the paced server's record (labserving.Paced.served), so that each side's mean
+    TTFT is also shown less the server's own: what the client's clock adds."""
     print("both clients run in a container of the serving image on the head")
     rows = []
     wanted = {int(c) for c in args.levels.split(",")}
@@ -217,9 +229,12 @@ def measure(args, params, cluster, run_dir: Path, url: str) -> None:
             # a pair, back to back, in alternating order: slow drift of the server cancels out
             if i % 2 == 0:
                 lv = ours(params, cluster, url, concurrency, n, args.input_len, args.output_len)
+                ours_server = server_ttft_ms(served, n)
             ref, ref_cpu = vllm_bench(params, cluster, url, concurrency, n, args.input_len, args.output_len)
+            ref_server = server_ttft_ms(served, n)
             if i % 2 == 1:
                 lv = ours(params, cluster, url, concurrency, n, args.input_len, args.output_len)
+                ours_server = server_ttft_ms(served, n)
             pair = {"ours_output_tok_s": lv["output_tok_s"], "vllm_output_tok_s": ref["output_throughput"],
                     "ours_mean_ttft_ms": lv["ttft_ms"]["mean"], "vllm_mean_ttft_ms": ref["mean_ttft_ms"],
                     "ours_cpu_ms_per_token": lv["client_cpu_s"] * 1e3
@@ -228,6 +243,8 @@ def measure(args, params, cluster, run_dir: Path, url: str) -> None:
                                                              or ref["output_throughput"] * ref["duration"], 1),
                     "ours_failures": lv["failures"], "ours_errors": lv["errors"],
                     "vllm_failed": ref.get("failed", 0)}
+            for side, server in (("ours", ours_server), ("vllm", ref_server)):
+                pair[f"{side}_client_ttft_ms"] = None if server is None else pair[f"{side}_mean_ttft_ms"] - server
             ok = [q for q in lv.pop("requests") if q["ok"]]
             pair.update({f"ours_{k}": v for k, v in details(
                 concurrency, [q["sent_s"] for q in ok], [q["e2e_ms"] / 1e3 for q in ok],
@@ -265,13 +282,16 @@ def measure(args, params, cluster, run_dir: Path, url: str) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "bench_vs_vllm.json").write_text(json.dumps(rows, indent=2) + "\n")
     print("\nwhat explains them (medians of the pairs): per-request E2E and ITL p50 (ms), idle between "
-          "requests p50 (ms, c=1), span first send-last end / duration divided by (s), output tokens")
+          "requests p50 (ms, c=1), span first send-last end / duration divided by (s), output tokens"
+          + ("; TTFT-server: the mean TTFT less the server's own (its arrival to first token), the ms the "
+             "client's clock adds" if served is not None else ""))
     f = lambda v, fmt: "-" if v is None else format(v, fmt)
     for r in rows:
         print(f"{r['concurrency']:>3}  " + "   ".join(
             f"{side}: E2E {f(r[f'{side}_e2e_p50_ms'], '.0f')} ITL {f(r[f'{side}_itl_p50_ms'], '.2f')} "
             f"idle {f(r[f'{side}_idle_p50_ms'], '.2f')} span/dur {f(r[f'{side}_span_s'], '.2f')}/"
             f"{f(r[f'{side}_duration_s'], '.2f')} tokens {f(r[f'{side}_output_tokens'], '.0f')}"
+            + (f" TTFT-server {f(r[f'{side}_client_ttft_ms'], '.1f')}" if served is not None else "")
             for side in ("ours", "vllm")))
     print(f"saved: {run_dir / 'bench_vs_vllm.json'}")
 

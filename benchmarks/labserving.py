@@ -14,6 +14,7 @@ is their own measurement, not the server's speed."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -92,31 +93,57 @@ def leave_as_found(params: Params, cluster: Cluster, run_dir: Path, containers: 
         print(f"still on the nodes: {out.remaining or ''} {out.listeners or ''} {out.errors or ''}")
 
 
-# The paced server (argv: the tests' folder, address, model, TTFT s, time per token s), until its
-# standard input closes
+# The paced server (argv: the tests' folder, address, model, TTFT s, time per token s, and a
+# tokenizer.json or ""): for each line "served" on its standard input, a line of JSON: the
+# (arrival, first token) times of the generations since the last; it ends when its input closes
 PACED = """
-import sys
+import json, sys
 sys.path.insert(0, sys.argv[1])
 from fake_openai import FakeOpenAI
+knobs = {}
+if sys.argv[6]:
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(sys.argv[6])
+    knobs["count"] = lambda text: len(tok.encode(text, add_special_tokens=False).ids)
 with FakeOpenAI(model=sys.argv[3], host=sys.argv[2], eos_after=1 << 20, ttft=float(sys.argv[4]),
-                token_delay=float(sys.argv[5])) as fake:
+                token_delay=float(sys.argv[5]), **knobs) as fake:
     print(fake.url, flush=True)
-    sys.stdin.read()
+    for line in sys.stdin:
+        served, fake.served = fake.served, []
+        print(json.dumps(served), flush=True)
 """
 
 
+class Paced:
+    """The paced server's process: its base URL, and what it served."""
+
+    def __init__(self, proc: subprocess.Popen, url: str):
+        self.proc, self.url = proc, url
+
+    def served(self) -> list[tuple[float, float]]:
+        """The (arrival, first token) times, ``time.perf_counter()`` seconds (one clock for every
+        process of this machine, containers too), of the generations since the last call."""
+        self.proc.stdin.write("served\n")
+        self.proc.stdin.flush()
+        return [tuple(x) for x in json.loads(self.proc.stdout.readline())]
+
+
 @contextmanager
-def paced_server(host: str, model: str, ttft: float, itl: float) -> Iterator[str]:
-    """The paced fake server on ``host`` serving ``model``, in a process of its own: its base URL.
-    Stopped at the end (its standard input closed)."""
+def paced_server(host: str, model: str, ttft: float, itl: float, tokenizer: Path | None = None,
+                 python: Path | str = sys.executable) -> Iterator[Paced]:
+    """The paced fake server on ``host`` serving ``model``, in a process of its own (``python``).
+    ``tokenizer``: a ``tokenizer.json`` whose counts it reports (``/tokenize`` and usage;
+    ``python`` must have the ``tokenizers`` package), so that a client that sizes prompts with that
+    tokenizer reads the same counts back; else its toy count (a token per 4 letters). Stopped at
+    the end (its standard input closed)."""
     tests = Path(__file__).resolve().parents[1] / "tests"
-    proc = subprocess.Popen([sys.executable, "-c", PACED, str(tests), host, model, str(ttft), str(itl)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([str(python), "-c", PACED, str(tests), host, model, str(ttft), str(itl),
+                             str(tokenizer or "")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         url = proc.stdout.readline().strip()
         if not url:
             raise SystemExit("the paced server did not start")
-        yield url
+        yield Paced(proc, url)
     finally:
         proc.stdin.close()
         proc.wait(10)

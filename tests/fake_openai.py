@@ -35,8 +35,8 @@ def count_tokens(text: str) -> int:
     return sum(-(-len(w) // 4) for w in text.split())
 
 
-def chat_tokens(messages: list[dict]) -> int:
-    return sum(count_tokens(m.get("content") or "") for m in messages) + CHAT_OVERHEAD
+def chat_tokens(messages: list[dict], count: Callable[[str], int] = count_tokens) -> int:
+    return sum(count(m.get("content") or "") for m in messages) + CHAT_OVERHEAD
 
 
 class FakeOpenAI:
@@ -64,6 +64,7 @@ class FakeOpenAI:
         # a proxy that deletes the stop strings from the text instead of stopping at them
         self.strip_stop = False
         self.words = WORDS  # the cycle the "model" writes (token IDs stay the indexes in WORDS)
+        self.count = count_tokens  # a text's tokens, for /tokenize and usage (e.g. a real tokenizer's)
         # a request on a connection idle for longer than this is dropped unanswered: what a client
         # sees when a server (uvicorn) closes an idle connection just as the client reuses it
         self.keep_alive: float | None = None
@@ -77,6 +78,9 @@ class FakeOpenAI:
                 raise TypeError(f"no knob {k!r}")
             setattr(self, k, v)
         self.requests: list[dict] = []  # generation request bodies, in arrival order
+        # each streamed generation's (arrival, its first token's chunk about to be written), in
+        # time.perf_counter() seconds: the server's own TTFT, for a benchmark to set a client's against
+        self.served: list[tuple[float, float]] = []
         self.connections = 0  # accepted
         self.dropped = 0  # requests dropped by keep_alive
         self._count = itertools.count(1)
@@ -169,6 +173,9 @@ class FakeOpenAI:
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    # socketserver's listen backlog is 5: a client opening 32 connections at once had the rest of
+    # its SYNs dropped and sent again a second later (first tokens of 1-1.5 s in the first wave)
+    request_queue_size = 128
 
     def handle_error(self, request, client_address) -> None:
         if not isinstance(sys.exc_info()[1], ConnectionError):  # a client closing its pool
@@ -251,11 +258,12 @@ def _handler(fake: FakeOpenAI):
                 {"id": fake.model, "object": "model", "owned_by": "vllm", "max_model_len": fake.max_model_len}]})
 
         def do_POST(self) -> None:
+            arrived = time.perf_counter()
             if self.stale() or self.unauthorized():
                 return
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             if self.path == "/tokenize" and fake.tokenize:
-                n = chat_tokens(body["messages"]) if "messages" in body else count_tokens(body["prompt"])
+                n = chat_tokens(body["messages"], fake.count) if "messages" in body else fake.count(body["prompt"])
                 return self.send_json(200, {"count": n, "max_model_len": fake.max_model_len,
                                             "tokens": list(range(n))})
             if self.path not in ("/v1/chat/completions", "/v1/completions"):
@@ -273,11 +281,11 @@ def _handler(fake: FakeOpenAI):
                 return self.error(400, '"auto" tool choice requires --enable-auto-tool-choice and '
                                   "--tool-call-parser to be set" if choice == "auto" else
                                   f"tool_choice={json.dumps(choice)} requires --tool-call-parser to be set")
-            self.generation(body, n, chat=self.path.endswith("chat/completions"))
+            self.generation(body, n, arrived, chat=self.path.endswith("chat/completions"))
 
-        def generation(self, body: dict, n: int, chat: bool) -> None:
+        def generation(self, body: dict, n: int, arrived: float, chat: bool) -> None:
             r = fake.reply(body, n, chat)
-            prompt = chat_tokens(body["messages"]) if chat else count_tokens(body["prompt"])
+            prompt = chat_tokens(body["messages"], fake.count) if chat else fake.count(body["prompt"])
             usage = {"prompt_tokens": prompt, "completion_tokens": r["tokens"],
                      "total_tokens": prompt + r["tokens"]}
             kind = "chat.completion" if chat else "text_completion"
@@ -304,6 +312,7 @@ def _handler(fake: FakeOpenAI):
             base = {"id": f"x-{n}", "object": kind + ".chunk", "model": fake.model, "created": 0}
             if chat:
                 self.event({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+            fake.served.append((arrived, time.perf_counter()))
             step, parts = fake.tokens_per_chunk, r["parts"]
             for i in range(0, len(parts), step):
                 if i:

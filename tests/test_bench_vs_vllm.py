@@ -42,3 +42,44 @@ def test_boot_runs_the_script_as_the_client_with_the_repository_first(tmp_path, 
     first, last, argv = json.loads(out)
     assert first == str(tmp_path / "repo") and last == "/some/site-packages"
     assert argv == ["--client", '{"n": 1}']
+
+
+def test_server_ttft_is_the_mean_of_the_last_n_served(bvv):
+    calls = []
+
+    def served():
+        calls.append(1)
+        return [(0.0, 9.0), (1.0, 1.05), (2.0, 2.07)]  # a warm-up first, then the measured two
+
+    assert bvv.server_ttft_ms(served, 2) == pytest.approx(60.0) and calls == [1]
+    assert bvv.server_ttft_ms(None, 2) is None
+    assert bvv.server_ttft_ms(lambda: [], 2) is None
+
+
+def test_the_paced_server_takes_32_connections_at_once_and_keeps_its_own_ttft():
+    # socketserver's backlog of 5 dropped the SYNs of a 32-connection burst: resent after 1 s
+    import http.client
+    import socket
+    import time
+    sys.path.insert(0, str(Path(__file__).parent))
+    from fake_openai import FakeOpenAI
+
+    body = json.dumps({"model": "m", "prompt": "a b c", "max_tokens": 1, "stream": True}).encode()
+    with FakeOpenAI(model="m", ttft=0.05, count=lambda text: 7 * len(text.split())) as fake:
+        host, port = fake.server.server_address
+        t0 = time.perf_counter()
+        socks = [socket.create_connection((host, port), timeout=5) for _ in range(32)]
+        for s in socks:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        got = [s.recv(65536) for s in socks]
+        took = time.perf_counter() - t0
+        for s in socks:
+            s.close()
+        ask = http.client.HTTPConnection(host, port, timeout=5)  # counts by the given tokenizer
+        ask.request("POST", "/tokenize", json.dumps({"prompt": "a b c"}))
+        assert json.loads(ask.getresponse().read())["count"] == 21
+        ask.close()
+    assert all(g.startswith(b"HTTP/1.1 200") for g in got)
+    assert took < 2.5, f"32 connections took {took:.2f} s: SYNs dropped and resent?"  # 4.7 s at backlog 5
+    assert len(fake.served) == 32 and all(0.05 <= b - a < 0.5 for a, b in fake.served)
