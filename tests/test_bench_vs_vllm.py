@@ -1,13 +1,18 @@
-"""benchmarks/bench_vs_vllm.py: what it reads from each client's requests, and how it starts
-sparkbook's client in the serving image (the lab run itself is the benchmark, not a test)."""
+"""benchmarks/bench_vs_vllm.py: what it reads from each client's requests, how it starts
+sparkbook's client in the serving image, and the paced server it measures both against (the lab
+run itself is the benchmark, not a test)."""
 
+import http.client
 import importlib.util
 import json
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from fake_openai import FakeOpenAI
 
 SCRIPT = Path(__file__).parents[1] / "benchmarks" / "bench_vs_vllm.py"
 
@@ -58,12 +63,6 @@ def test_server_ttft_is_the_mean_of_the_last_n_served(bvv):
 
 def test_the_paced_server_takes_32_connections_at_once_and_keeps_its_own_ttft():
     # socketserver's backlog of 5 dropped the SYNs of a 32-connection burst: resent after 1 s
-    import http.client
-    import socket
-    import time
-    sys.path.insert(0, str(Path(__file__).parent))
-    from fake_openai import FakeOpenAI
-
     body = json.dumps({"model": "m", "prompt": "a b c", "max_tokens": 1, "stream": True}).encode()
     with FakeOpenAI(model="m", ttft=0.05, count=lambda text: 7 * len(text.split())) as fake:
         host, port = fake.server.server_address
