@@ -5,11 +5,15 @@
 - sparkbook, first rail: 03's model sync with distribution.rails first (one rsync over SSH per
   worker, what 03 did before both rails)
 - sparkbook, both rails: the default (each worker's files split by size over the twins)
+- sparkbook, both rails over tcp: distribution.transport tcp (fabriccopy.py: plain TCP on the rails'
+  addresses, each file read and hashed once on the head, checked by digest on every worker)
 - each copy's bytes per rail, read where they pass: the head's tx_bytes of each rail interface
+- each copy's CPU time, the whole machine's (/proc/stat: every lab node runs on it), beside the
+  floor's: what encryption, rsync and the digests cost, where the time goes
 
 The model is made here: SHARDS shards of random bytes and unequal sizes (as a large model's last
 shard is smaller), in a folder beside the lab's model on the head, removed at the end. Pairs of
-the two sparkbook variants alternate. The copy time is rsync's (03's ModelCopy.seconds), without
+the sparkbook variants alternate. The copy time is rsync's (03's ModelCopy.seconds), without
 the manifests hashed before and after. Needs root and `sparkbook lab up --nodes 4`. Prints the
 results and writes them to benchmarks/results/model_copy-lab<N>-<date>.txt.
 
@@ -27,6 +31,7 @@ import time
 from pathlib import Path
 
 from sparkbook.book.verdict import Verdict
+from sparkbook.distribution import model
 from sparkbook.distribution.model import model_checks, sync_model
 from sparkbook.lab import Lab
 from sparkbook.nodes.remote import Cluster
@@ -38,10 +43,21 @@ STAGE = ".sparkbook-bench-stage"
 BLOCK = 16 << 20
 
 
-def variant(params: Params, path: str, rails: str) -> Params:
+VARIANTS = {"first": ("first", "ssh"), "all": ("all", "ssh"), "tcp": ("all", "tcp")}  # name: rails, transport
+
+
+def variant(params: Params, path: str, rails: str, transport: str) -> Params:
     return params.model_copy(update={
         "model": params.model.model_copy(update={"path": path}),
-        "distribution": params.distribution.model_copy(update={"rails": rails, "parallel": len(params.workers)})})
+        "distribution": params.distribution.model_copy(update={"rails": rails, "transport": transport,
+                                                               "parallel": len(params.workers)})})
+
+
+def cpu_s() -> float:
+    """CPU seconds this machine has spent busy, all cores (/proc/stat's cpu line, user to steal)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    busy = [int(v) for i, v in enumerate(fields[:8]) if i not in (3, 4)]  # not idle, not iowait
+    return sum(busy) / os.sysconf("SC_CLK_TCK")
 
 
 def make_shards(folder: Path, total: int, shards: int) -> list[int]:
@@ -61,7 +77,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gb", type=float, default=2.0, help="the model's size")
     ap.add_argument("--shards", type=int, default=8)
-    ap.add_argument("--pairs", type=int, default=2, help="alternating pairs of the two sparkbook variants")
+    ap.add_argument("--pairs", type=int, default=2, help="alternating rounds of the sparkbook variants")
     args = ap.parse_args()
     lab = Lab()
     params = lab.params()
@@ -97,18 +113,27 @@ def main() -> None:
         for w in workers:  # the floor's local copies, made beforehand
             shutil.copytree(on(head.name), on(w.name, STAGE), dirs_exist_ok=True)
         stage = f"{Path(path).parent}/{STAGE}"
-        t = time.perf_counter()
+        t, c = time.perf_counter(), cpu_s()
         cluster.run(["cp", "-a", "--", stage, path], workers, timeout=3600).check("the floor's copy")
-        floor_s = time.perf_counter() - t
+        floor_s, floor_cpu = time.perf_counter() - t, cpu_s() - c
         for w in workers:
             shutil.rmtree(on(w.name, STAGE), ignore_errors=True)
-        say(f"floor: {len(workers)} x cp -a of a local copy, at once: {floor_s:.1f} s")
+        say(f"floor: {len(workers)} x cp -a of a local copy, at once: {floor_s:.1f} s, {floor_cpu:.1f} CPU-s")
 
-        runs: dict[str, list[dict]] = {"first": [], "all": []}
+        runs: dict[str, list[dict]] = {name: [] for name in VARIANTS}
+        copy_cpu: dict[str, float] = {}
+        copy_files = model.copy_files
+
+        def counted(*args, **kwargs) -> None:  # the copy's CPU, without the manifests' before and after
+            c = cpu_s()
+            copy_files(*args, **kwargs)
+            copy_cpu["s"] = cpu_s() - c
+
+        model.copy_files = counted
         for _ in range(args.pairs):
-            for rails in ("first", "all"):
+            for name, (rails, transport) in VARIANTS.items():
                 clear()
-                p = variant(params, path, rails)
+                p = variant(params, path, rails, transport)
                 before = tx()
                 t = time.perf_counter()
                 out = sync_model(p, cluster, say=lambda *_: None, show=False)
@@ -117,23 +142,26 @@ def main() -> None:
                 after = tx()
                 copy_s = max(c.seconds for c in out.synced.values())
                 wire = {i: after[i] - before[i] for i in after}
-                runs[rails].append({"copy_s": copy_s, "sync_model_s": round(took, 1), "tx_bytes": wire,
-                                    "per_worker": {w: c.rails for w, c in out.synced.items()}})
-                say(f"sparkbook, rails {rails}: copy {copy_s:.1f} s ({took:.1f} s with the manifests); "
-                    f"the head sent {', '.join(f'{i} {b / 1e9:.2f} GB' for i, b in wire.items())}")
+                runs[name].append({"copy_s": copy_s, "sync_model_s": round(took, 1), "tx_bytes": wire,
+                                   "cpu_s": round(copy_cpu.pop("s"), 1),
+                                   "per_worker": {w: c.rails for w, c in out.synced.items()}})
+                say(f"sparkbook, rails {rails}, transport {transport}: copy {copy_s:.1f} s ({took:.1f} s with "
+                    f"the manifests, {runs[name][-1]['cpu_s']} CPU-s); the head sent "
+                    + ", ".join(f"{i} {b / 1e9:.2f} GB" for i, b in wire.items()))
     finally:
         clear()
         shutil.rmtree(on(head.name), ignore_errors=True)
 
     med = {k: statistics.median(r["copy_s"] for r in v) for k, v in runs.items()}
-    split = [min(r["tx_bytes"].values()) / max(r["tx_bytes"].values()) for r in runs["all"]]
+    cpu = {k: statistics.median(r["cpu_s"] for r in v) for k, v in runs.items()}
     say(json.dumps({"workers": len(workers), "model_bytes": total, "shards": sizes, "floor_s": floor_s,
-                    "runs": runs}, indent=2))
-    say(f"first rail / floor:        {med['first'] / floor_s:.2f} (median of {args.pairs})")
-    say(f"both rails / floor:        {med['all'] / floor_s:.2f} (goal <= 1.2)")
-    say(f"both rails / first rail:   {med['all'] / med['first']:.2f}")
-    say(f"rail split (less / more):  {', '.join(f'{s:.3f}' for s in split)} (goal >= 0.9)")
-    say(f"throughput to all, both:   {total * len(workers) / med['all'] / 1e6:.0f} MB/s")
+                    "floor_cpu_s": floor_cpu, "runs": runs}, indent=2))
+    for name, label in (("first", "ssh, first rail"), ("all", "ssh, both rails"), ("tcp", "tcp, both rails")):
+        split = [min(r["tx_bytes"].values()) / max(r["tx_bytes"].values()) for r in runs[name]]
+        say(f"{label + ' / floor:':26} {med[name] / floor_s:.2f} (median of {args.pairs}; goal <= 1.2)  "
+            f"{total * len(workers) / med[name] / 1e6:.0f} MB/s to all; {cpu[name]:.1f} CPU-s (floor "
+            f"{floor_cpu:.1f}); rail split {', '.join(f'{s:.3f}' for s in split)}")
+    say(f"tcp / ssh, both rails:     {med['tcp'] / med['all']:.2f} time, {cpu['tcp'] / cpu['all']:.2f} CPU")
     RESULTS.mkdir(exist_ok=True)
     out_file = RESULTS / f"model_copy-lab{len(params.nodes)}-{time.strftime('%Y-%m-%d')}.txt"
     out_file.write_text("\n".join(report) + "\n")

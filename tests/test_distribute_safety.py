@@ -21,7 +21,7 @@ from sparkbook.lab.nodes import lab_params
 from sparkbook.facts.manifest import PARTIAL_DIR, manifest_script, parse_manifest
 from sparkbook.params import validate
 from sparkbook.nodes.remote import Result, Results
-from sparkbook.nodes.shell import script
+from sparkbook.nodes.shell import command_line, script
 from sparkbook.book.verdict import FAIL, PASS, WARN
 import test_distribute
 from test_distribute import DIFF_IDS, copy_locally, loaded
@@ -95,7 +95,8 @@ class Folders:
         out = Results()
         for n in [self.params.node(n) if isinstance(n, str) else n for n in (self.params.nodes if nodes is None else nodes)]:
             c = cmd(n) if callable(cmd) else cmd
-            r = subprocess.run(["bash", "-c", c.program()], cwd=self.folder(n), capture_output=True,
+            r = subprocess.run(["bash", "-c", c.program() if hasattr(c, "program") else command_line(c)],
+                               cwd=self.folder(n), capture_output=True,
                                text=True, timeout=timeout)
             if stream:
                 stream.write(r.stdout)

@@ -17,6 +17,7 @@ and deletes them only with ``distribution.delete_extras: true``, naming each one
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from dataclasses import asdict, dataclass, field
@@ -28,7 +29,8 @@ from ..book.verdict import FAIL, PASS, WARN, Check
 from ..facts.manifest import (PARTIAL_DIR, Manifest, describe_differences, manifest_differences, manifests,
                               split_extras)
 from ..nodes.remote import Cluster
-from ..nodes.shell import Script, command_line, peer_ssh, script
+from ..nodes.shell import SCRIPTS, Command, command_line, peer_ssh, script
+from ..nodes.workdir import prepare, workdir
 from ..params import Node, Params
 from ..params.settings import relay_plan
 from .lines import STALL_S, Lines, number
@@ -36,6 +38,7 @@ from .lines import STALL_S, Lines, number
 SHOWN_FILES = 3  # files named in a check's command; the count of the others follows
 SHOWN_EXTRAS = 5  # extra files named in a check; the count of the others follows
 RSYNC_TIMEOUT = 30  # rsync's exit status when --timeout passed without data (rsync(1), EXIT VALUES)
+COPIER = "fabriccopy.py"  # distribution.transport tcp, on every node (fabriccopy.py exits 30 on a stall too)
 
 Differences = dict[str, str]  # relative path -> what differs (manifest_differences)
 End = tuple[int | None, str]  # a stream's rsync exit status (None: never reported), its last error line
@@ -55,13 +58,14 @@ class ModelCopy:
 
 @dataclass(frozen=True)
 class Lane:
-    """One stream of a model copy: to ``worker`` over one of its rails (``interface``; "host"
-    for a worker that lists none, reached at its host), at ``target`` by ``ssh`` (the command
-    without the target)."""
+    """One stream of a model copy: to ``worker`` over one of its rails (``interface``, at
+    ``address``; "host" for a worker that lists none, reached at its host), at ``target`` by
+    ``ssh`` (the command without the target)."""
     worker: str
     interface: str
     target: str
     ssh: tuple[str, ...]
+    address: str
 
     @property
     def name(self) -> str:
@@ -114,13 +118,13 @@ def lanes(params: Params, source: Node, worker: Node) -> list[Lane]:
     machine, verified even where known_hosts names only that address."""
     ssh = peer_ssh(worker)[:-1]
     first = Lane(worker.name, worker.rails[0].interface if worker.rails else "host",
-                 worker.peer_target, tuple(ssh))
+                 worker.peer_target, tuple(ssh), worker.fabric_address)
     if params.distribution.rails == "first":
         return [first]
     shared = {r.network for r in source.rails}
     user = f"{worker.user}@" if worker.user else ""
     return [first, *(Lane(worker.name, r.interface, f"{user}{r.ip}",
-                          (*ssh, "-o", f"HostKeyAlias={worker.fabric_address}"))
+                          (*ssh, "-o", f"HostKeyAlias={worker.fabric_address}"), str(r.ip))
                      for r in worker.rails[1:] if r.network in shared)]
 
 
@@ -138,11 +142,13 @@ def split(names: list[str], sizes: dict[str, int], parts: int) -> list[list[str]
 
 
 def sync_script(params: Params, files: dict[str, list[str]], source: Node | None = None,
-                sizes: dict[str, int] | None = None) -> Script:
-    """``model_sync.sh`` on ``source`` (the head by default): ``files`` (worker -> relative names)
-    to each worker over the fabric, split by ``sizes`` (the head's manifest: name -> bytes) over
-    its :func:`lanes`, each stream through its own SSH command (with keepalives)."""
-    return lane_script(params, assign(params, files, source or params.head, sizes or {}))
+                sizes: dict[str, int] | None = None) -> Command:
+    """``model_sync.sh`` (or, with ``distribution.transport: tcp``, ``fabriccopy.py send``) on
+    ``source`` (the head by default): ``files`` (worker -> relative names) to each worker over the
+    fabric, split by ``sizes`` (the head's manifest: name -> bytes) over its :func:`lanes`, each
+    stream through its own SSH command (with keepalives)."""
+    source = source or params.head
+    return lane_script(params, source, assign(params, files, source, sizes or {}))
 
 
 def assign(params: Params, files: dict[str, list[str]], source: Node,
@@ -155,11 +161,34 @@ def assign(params: Params, files: dict[str, list[str]], source: Node,
     return streams
 
 
-def lane_script(params: Params, streams: list[tuple[Lane, list[str]]]) -> Script:
+def lane_script(params: Params, source: Node, streams: list[tuple[Lane, list[str]]]) -> Command:
+    if params.distribution.transport == "tcp":
+        spec = {"root": params.model.path, "partial": PARTIAL_DIR, "stall_s": STALL_S,
+                "lanes": [{"name": lane.name, "ssh": [*lane.ssh, lane.target], "address": lane.address,
+                           "program": copier_path(params, params.node(lane.worker)), "files": names}
+                          for lane, names in streams]}
+        return ["python3", copier_path(params, source), "send", json.dumps(spec)]
     args: list[object] = [params.model.path, PARTIAL_DIR, STALL_S]
     for lane, names in streams:
         args += [lane.name, lane.target, command_line(list(lane.ssh)), len(names), *names]
     return script("model_sync.sh", *args)
+
+
+def copier(params: Params) -> str:
+    """What copies the files: rsync over SSH, or fabriccopy.py over plain TCP."""
+    return COPIER if params.distribution.transport == "tcp" else "rsync"
+
+
+def copier_path(params: Params, node: Node) -> str:
+    return f"{workdir(params, node)}/{COPIER}"
+
+
+def place_copier(params: Params, cluster: Cluster, names: list[str]) -> None:
+    """``fabriccopy.py`` into the working folder of the head and of ``names``; raises
+    :class:`~sparkbook.book.errors.CheckFailed` naming a node it cannot be copied to."""
+    nodes = [params.head, *(params.node(n) for n in names)]
+    prepare(params, cluster, nodes)
+    cluster.put(SCRIPTS / COPIER, lambda n: copier_path(params, n), nodes).check(f"copy {COPIER} to the nodes")
 
 
 def prune_script(params: Params, names: list[str]) -> Script:
@@ -237,6 +266,8 @@ def copy_files(params: Params, cluster: Cluster, todo: dict[str, list[str]], out
         say(f"{w}: {len(names)} file(s) differ from the head: {', '.join(names[:5])}"
             + (" ..." if len(names) > 5 else ""))
     failed: set[str] = set()
+    if params.distribution.transport == "tcp":
+        place_copier(params, cluster, list(todo))
     with Progress(f"model {params.model.path} from {params.head.name}") as progress:
         def each(line: str) -> None:  # rsync --info=progress2: '  1,234,567  45%  12.34MB/s  0:00:10'
             m = re.search(r"\[([^] ]+)\] +([\d,]+) +(\d+)% +(\S+) +(\S+)", line)
@@ -258,11 +289,11 @@ def copy_files(params: Params, cluster: Cluster, todo: dict[str, list[str]], out
                     if code == RSYNC_TIMEOUT:
                         seen = f"no data moved for {STALL_S} s: {w} or the link to it is stuck ({seen})"
                     more = len(todo[w]) - SHOWN_FILES
-                    shown = (f"on {source}: " + str(sync_script(params, {w: todo[w][:SHOWN_FILES]},
-                                                                params.node(source), sizes))
+                    shown = (f"on {source}: " + command_line(sync_script(params, {w: todo[w][:SHOWN_FILES]},
+                                                                         params.node(source), sizes))
                              + (f"  # and {more} more files" if more > 0 else ""))
                     out.synced[w] = ModelCopy(len(todo[w]), round(took, 1),
-                                              None if code == 0 else f"rsync from {source} exited {code}: {seen}",
+                                              None if code == 0 else f"{copier(params)} from {source} exited {code}: {seen}",
                                               shown, rails, fell)
                     if code != 0:
                         failed.add(w)
@@ -307,7 +338,7 @@ def run_lanes(params: Params, cluster: Cluster, streams: dict[str, list[tuple[La
     """``model_sync.sh`` on each source at once (``streams``: source -> its lanes and their
     files); (source, lane name) -> (rsync's exit status, its last error line), None with what
     the source said where the script never reported the lane."""
-    res = cluster.run(lambda n: lane_script(params, streams[n.name]), list(streams),
+    res = cluster.run(lambda n: lane_script(params, n, streams[n.name]), list(streams),
                       timeout=params.distribution.timeout_s, stream=Lines(each))
     ends = {}
     for source, st in streams.items():
@@ -372,8 +403,10 @@ def model_checks(params: Params, out: ModelOutcome) -> list[Check]:
             seen = (synced and synced.error) or "; ".join(diffs[:4])
             checks.append(Check("model files", w, FAIL, seen, "the head's manifest",
                                 "check the worker's free disk space and head-to-worker SSH on the "
-                                "fabric (01_preflight.ipynb), then run 03 again: rsync resumes the partial "
-                                "files", synced.command if synced else ""))
+                                "fabric (01_preflight.ipynb), then run 03 again: "
+                                + ("rsync resumes the partial files" if copier(params) == "rsync" else
+                                   "files that arrived whole are kept (distribution.transport: ssh "
+                                   "where a firewall blocks the fabric's ports)"), synced.command if synced else ""))
         if synced and synced.fell_back:
             checks.append(Check(
                 "model copy rails", w, WARN, f"the copy over {synced.fell_back} failed; its files went over the "

@@ -332,10 +332,11 @@ def _semantic_problems(p: Params) -> list[tuple[str, str]]:
                 problems.append((f"{here}.ip", f"rail on the same subnet {r.network} as {nets[r.network]}: "
                                  "each rail needs its own subnet"))
             nets[r.network] = here
-    rails = {len(n.rails) for n in p.nodes}
-    if len(rails) > 1:
+    if len({len(n.rails) for n in p.nodes}) > 1:
         problems.append(("nodes", "every node needs the same number of rails "
                          f"(found {', '.join(str(len(n.rails)) + ' on ' + n.name for n in p.nodes)})"))
+    if p.distribution.transport == "tcp" and not p.nodes[0].rails:
+        problems.append(("distribution.transport", "tcp listens on the fabric address only: the nodes need rails"))
     ports = p.ports.model_dump()
     for k, v in ports.items():
         others = [o for o, w in ports.items() if w == v and o != k]
