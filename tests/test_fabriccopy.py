@@ -139,7 +139,7 @@ def test_a_sender_that_stops_fails_as_a_stall_and_leaves_no_partial_file(tmp_pat
     s, nonce = connect(port)
     s.sendall(fc.HEADER.pack(1000, 0, 0o100644) + b"x" * 10)  # then nothing
     code, done, _ = finished(p)
-    assert code == fc.STALLED == model.RSYNC_TIMEOUT and done["errors"][0].startswith("no data for 1 s")
+    assert code == fc.STALLED == model.RSYNC_TIMEOUT and done["errors"] == ["no data for 1 s"]
     assert not (tmp_path / "a.bin").exists() and not list(tmp_path.rglob(PARTIAL_DIR + "/*"))
     s.close()
 
@@ -227,3 +227,61 @@ def test_03s_model_sync_over_tcp_splits_the_files_over_both_rails(folders, monke
         assert all((cluster.at(w) / n).read_bytes() == (head / n).read_bytes() for n in names)
         assert len(out.synced[w.name].rails) == 2  # both rails carried files
         assert out.synced[w.name].command.startswith(f"on {params.head.name}: python3 ")
+
+
+# ---------------------------------------------------------------------------------- on the lab
+
+# On a worker: a receiver as the copy starts it (its spec on stdin, held open), its listener as `ss`
+# sees it, then a connection to each of the worker's own addresses at that port, then its result.
+LISTENING = r"""out=$(mktemp) && trap 'rm -f -- "$out"' EXIT
+(printf '%s\n' "$1"; sleep 12) | python3 "$2" receive > "$out" & pid=$!
+for _ in $(seq 100); do grep -q LISTEN "$out" && break; sleep 0.1; done
+port=$(awk '/^LISTEN/ {print $2}' "$out")
+ss -ltnH "sport = :$port" | sed 's/^/SS /'
+shift 2
+python3 -c "$TRY" "$port" "$@"
+wait "$pid"; code=$?
+cat -- "$out"
+exit "$code"
+"""
+TRY = """import socket, sys
+for host in sys.argv[2:]:
+    try:
+        socket.create_connection((host, int(sys.argv[1])), timeout=3).close()
+        print("TRY", host, "open")
+    except OSError as e:
+        print("TRY", host, type(e).__name__)
+"""
+
+
+@pytest.mark.lab
+def test_on_the_lab_the_copy_takes_both_rails_and_listens_on_the_rails_address_only(lab, params, cluster):
+    """03's sync with transport tcp between lab nodes (real SSH, real rails); then a receiver as
+    the copy starts it, seen from the worker (its listener on the rail's address) and from the
+    head (the worker's management address refuses that port)."""
+    tcp = with_distribution(params, transport="tcp")
+    head, worker = params.head, params.workers[0]
+    names = ["sparkbook-tcp-a.bin", "sparkbook-tcp-b.bin"]
+    paths = [f"{params.model.path}/{n}" for n in names]
+    cluster.run(["bash", "-c", 'for f; do head -c 3000000 /dev/urandom > "$f"; done', "make", *paths],
+                [head]).check("the head's new files")
+    try:
+        out = sync_model(tcp, cluster, say=lambda *_: None, show=False)
+        assert all(c.status == PASS for c in model_checks(tcp, out)), model_checks(tcp, out)
+        assert sorted(out.synced[worker.name].rails) == sorted(r.interface for r in worker.rails)
+        sums = cluster.run(["sha256sum", "--", *paths], [head, worker])
+        assert sums[head.name].stdout == sums[worker.name].stdout and sums[head.name].ok
+
+        rail = str(worker.rails[0].ip)
+        spec = json.dumps({"root": params.model.path, "partial": PARTIAL_DIR, "address": rail, "key": KEY.hex(),
+                           "files": [], "stall_s": 6})
+        mgmt = worker.host
+        r = cluster.run_on(worker, ["env", f"TRY={TRY}", "bash", "-c", LISTENING, "listen", spec,
+                                    model.copier_path(tcp, worker), rail, mgmt], timeout=60)
+        listeners = [line.split()[4] for line in r.stdout.splitlines() if line.startswith("SS ")]
+        assert len(listeners) == 1 and listeners[0].startswith(f"{rail}:"), r.stdout  # not 0.0.0.0, not *
+        assert f"TRY {rail} open" in r.stdout and f"TRY {mgmt} ConnectionRefusedError" in r.stdout, r.stdout
+        assert f"REFUSED {rail}" in r.stdout  # that connection brought no key
+        assert '"errors": ["no sender connected for 6 s"]' in r.stdout and r.exit_code == fc.STALLED, r.stdout
+    finally:
+        cluster.run(["rm", "-f", "--", *paths], params.nodes)

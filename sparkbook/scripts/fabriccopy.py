@@ -113,10 +113,13 @@ def accept(listener, key, deadline, refused):
     """The first connection that proves it holds ``key``; the others closed and counted."""
     while True:
         left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("no sender connected")
-        listener.settimeout(left)
-        conn, peer = listener.accept()
+        try:
+            if left <= 0:
+                raise TimeoutError
+            listener.settimeout(left)
+            conn, peer = listener.accept()
+        except TimeoutError:
+            raise TimeoutError("no sender connected") from None
         conn.settimeout(max(1.0, min(left, 10.0)))
         nonce = secrets.token_bytes(NONCE)
         try:
@@ -221,8 +224,9 @@ def receive():
                     out["files"] += 1
             WRITTEN.set()
             conn.sendall(b"\1")  # every file written: the sender may close
-    except (socket.timeout, TimeoutError) as e:
-        out["errors"].append(f"no data for {stall:.0f} s ({e})")
+    except TimeoutError as e:  # socket.timeout too ("timed out")
+        why = str(e) if str(e) == "no sender connected" else "no data"
+        out["errors"].append(f"{why} for {stall:.0f} s")
         code = STALLED
     except OSError as e:
         out["errors"].append(f"{type(e).__name__}: {e}")
