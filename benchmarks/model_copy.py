@@ -27,6 +27,7 @@ import json
 import os
 import shutil
 import statistics
+import threading
 import time
 from pathlib import Path
 
@@ -51,6 +52,53 @@ def variant(params: Params, path: str, rails: str, transport: str) -> Params:
         "model": params.model.model_copy(update={"path": path}),
         "distribution": params.distribution.model_copy(update={"rails": rails, "transport": transport,
                                                                "parallel": len(params.workers)})})
+
+
+class ByProcess:
+    """CPU seconds by process name while it runs (``with ByProcess() as cpu: ...; cpu.seconds``):
+    every process of the machine sampled from /proc each ``every`` seconds, each one's last reading
+    less what it had used before; what a process used after its last sample is missed."""
+
+    def __init__(self, every: float = 1.0):
+        self.every, self.stop = every, threading.Event()
+        self.start: dict[int, float] = {}
+        self.last: dict[int, tuple[str, float]] = {}
+
+    @staticmethod
+    def read() -> dict[int, tuple[str, float]]:
+        out, tick = {}, os.sysconf("SC_CLK_TCK")
+        for pid in (int(d) for d in os.listdir("/proc") if d.isdigit()):
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                continue
+            comm, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+            out[pid] = (comm, (int(rest[11]) + int(rest[12])) / tick)  # utime, stime
+        return out
+
+    def __enter__(self) -> "ByProcess":
+        self.start = {pid: used for pid, (_, used) in self.read().items()}
+        self.thread = threading.Thread(target=self.sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def sample(self) -> None:
+        while True:
+            self.last.update(self.read())
+            if self.stop.wait(self.every):
+                return
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.last.update(self.read())
+
+    @property
+    def seconds(self) -> dict[str, float]:
+        by: dict[str, float] = {}
+        for pid, (comm, used) in self.last.items():
+            by[comm] = by.get(comm, 0) + used - self.start.get(pid, 0)
+        return dict(sorted(((k, round(v, 1)) for k, v in by.items() if v >= 0.5), key=lambda kv: -kv[1]))
 
 
 def cpu_s() -> float:

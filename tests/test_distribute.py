@@ -450,22 +450,21 @@ esac
 STAND_IN_SSH = """
 import os, subprocess, sys, threading
 # like ssh: runs the command (in the worker's folder) and passes stdin and output through itself,
-# so that killing it cuts both, as killing an ssh client does
+# so that killing it cuts both, as killing an ssh client does; it ends when the command does, its
+# input still open or not (as ssh does when the channel closes)
 p = subprocess.Popen(["bash", "-c", sys.argv[2]], cwd=sys.argv[1], stdin=subprocess.PIPE,
                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=0)
-def out():
-    while data := os.read(p.stdout.fileno(), 65536):
-        os.write(1, data)
-t = threading.Thread(target=out)
-t.start()
-try:
-    while data := os.read(0, 1 << 20):
-        p.stdin.write(data)
-except BrokenPipeError:
-    pass
-p.stdin.close()
-t.join()
-sys.exit(p.wait())
+def into():
+    try:
+        while data := os.read(0, 1 << 20):
+            p.stdin.write(data)
+    except BrokenPipeError:
+        pass
+    p.stdin.close()
+threading.Thread(target=into, daemon=True).start()
+while data := os.read(p.stdout.fileno(), 65536):
+    os.write(1, data)
+os._exit(p.wait())
 """
 
 
@@ -516,11 +515,12 @@ def local_nodes(tmp_path, monkeypatch):
     return SimpleNamespace(root=tmp_path, archive=archive, down=down, stuck=stuck, head=LocalHead(tmp_path))
 
 
-def copy_locally(nodes_up: int, parallel: int, held: dict[str, int], local, compress=False):
+def copy_locally(nodes_up: int, parallel: int, held: dict[str, int], local, compress=False, transport="ssh"):
     """stream_from_head on a lab of ``nodes_up`` nodes whose workers are local folders; ``held``:
     how many of the image's lower layers a worker holds."""
     params = validate(lab_params(nodes_up))
-    params = params.model_copy(update={"distribution": params.distribution.model_copy(update={"parallel": parallel})})
+    params = params.model_copy(update={"distribution": params.distribution.model_copy(
+        update={"parallel": parallel, "transport": transport})})
     chains = chain_ids(DIFF_IDS)
     nodes = {params.head.name: NodeImage(params.head.name, "sha256:" + "1" * 64, 4321, "20.10.24", "overlay2",
                                          layers=DIFF_IDS, chains=set(chains))}
@@ -633,11 +633,12 @@ def params(lab):
     return lab.params()
 
 
-def on_image(params, image, compress="off", reader="auto", parallel=None):
+def on_image(params, image, compress="off", reader="auto", parallel=None, transport="ssh"):
     return params.model_copy(update={
         "runtime": params.runtime.model_copy(update={"image": image}),
         "distribution": params.distribution.model_copy(update={
-            "compress": compress, "reader": reader, "parallel": parallel or params.distribution.parallel})})
+            "compress": compress, "reader": reader, "parallel": parallel or params.distribution.parallel,
+            "transport": transport})})
 
 
 def build(lab, image, base, mb, name, tmp):
@@ -679,12 +680,13 @@ def size(lab, image):
     return int(docker(lab.nodes()[0], "image", "inspect", "--format", "{{.Size}}", image).stdout)
 
 
-@pytest.mark.parametrize("reader", ["auto", "docker-save"])
+@pytest.mark.parametrize("reader, transport", [("auto", "ssh"), ("docker-save", "ssh"), ("auto", "tcp")])
 def test_head_only_image_reaches_every_node_then_an_update_sends_only_its_new_layer(
-        lab, params, cluster, small_images, reader):
+        lab, params, cluster, small_images, reader, transport):
+    """tcp: distribution.transport tcp, the stream over plain TCP on the fabric (fabriccopy.py pipe)."""
     v1, v2 = "sparkbook-test/app:1", "sparkbook-test/app:2"
     forget_small_images(lab)
-    p1 = on_image(params, v1, reader=reader)
+    p1 = on_image(params, v1, reader=reader, transport=transport)
     out = distribute_image(p1, cluster, show=False)
     assert not failures(image_checks(p1, out))
     assert len(set(ids(lab, v1))) == 1 and None not in ids(lab, v1)
@@ -693,7 +695,7 @@ def test_head_only_image_reaches_every_node_then_an_update_sends_only_its_new_la
     archive = out.transfers[0].sent  # one read on the head, for every worker
     assert archive <= out.read < archive + (8 << 20), (out.read, archive)
 
-    p2 = on_image(params, v2, reader=reader)
+    p2 = on_image(params, v2, reader=reader, transport=transport)
     new_layer = size(lab, v2) - size(lab, v1)
     out = distribute_image(p2, cluster, show=False)
     assert not failures(image_checks(p2, out))

@@ -16,13 +16,14 @@ import time
 import pytest
 
 from sparkbook.book.verdict import PASS
-from sparkbook.distribution import model
+from sparkbook.distribution import image, model
 from sparkbook.distribution.model import model_checks, sync_model
 from sparkbook.facts.manifest import PARTIAL_DIR
 from sparkbook.lab.nodes import lab_params
 from sparkbook.nodes.shell import SCRIPTS, command_line
 from sparkbook.params import ParamsError, validate
 from sparkbook.scripts import fabriccopy as fc
+from test_distribute import copy_locally, direct, loaded, local_nodes  # noqa: F401  (the fixture)
 from test_distribute_safety import folders, with_distribution  # noqa: F401  (the fixture)
 
 PROGRAM = str(SCRIPTS / "fabriccopy.py")
@@ -227,6 +228,63 @@ def test_03s_model_sync_over_tcp_splits_the_files_over_both_rails(folders, monke
         assert all((cluster.at(w) / n).read_bytes() == (head / n).read_bytes() for n in names)
         assert len(out.synced[w.name].rails) == 2  # both rails carried files
         assert out.synced[w.name].command.startswith(f"on {params.head.name}: python3 ")
+
+
+# ------------------------------------------------------------------------------ the image's pipe
+
+def piped(tmp_path, chunks, corrupt=None):
+    """``fabriccopy.py pipe`` into ``cat > out``: ``chunks`` sent as imagestream's sinks send them,
+    chunk ``corrupt`` with a byte flipped after it was hashed; the exit status, the output, and
+    what reached the command."""
+    out = tmp_path / "out"
+    p = subprocess.Popen([sys.executable, PROGRAM, "pipe"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT)
+    p.stdin.write((json.dumps({"address": "127.0.0.1", "key": KEY.hex(), "stall_s": 10,
+                               "command": ["sh", "-c", f"cat > {out}"]}) + "\n").encode())
+    p.stdin.flush()
+    sock, nonce = fc.handshake(p, "127.0.0.1", KEY, 10)
+    w = fc.PipeWriter(sock, nonce, KEY)
+    for i, chunk in enumerate(chunks):
+        if i == corrupt:
+            w.digest.update(chunk)
+            w.total += len(chunk)
+            bad = bytearray(chunk)
+            bad[7] ^= 0x80
+            sock.sendall(fc.FRAME.pack(len(chunk)) + bytes(bad))
+        else:
+            w.write(chunk)
+    w.close()
+    code = p.wait(timeout=20)
+    return code, p.stdout.read().decode(), out.read_bytes() if out.exists() else b""
+
+
+def test_the_image_pipe_delivers_the_stream_and_a_damaged_one_never_whole(tmp_path):
+    chunks = [os.urandom(1 << 20) for _ in range(3)] + [b"end of archive"]
+    code, said, got = piped(tmp_path, chunks)
+    assert code == 0 and got == b"".join(chunks), said
+    code, said, got = piped(tmp_path, chunks, corrupt=1)
+    assert code == 1 and "the stream arrived damaged" in said
+    assert len(got) < len(b"".join(chunks))  # docker load never saw the archive's end: nothing loaded
+
+
+def test_the_image_over_tcp_reaches_every_worker_through_relays(local_nodes, monkeypatch):
+    """imagestream.py with transport tcp: each sink starts `fabriccopy.py pipe` over the stand-in
+    SSH in its worker's folder, and streams into it over TCP (here 127.0.0.1); relays too."""
+    spec = image.stream_spec
+
+    def here(w):
+        return {**w, "address": "127.0.0.1", "feeds": [here(f) for f in w["feeds"]]}
+
+    monkeypatch.setattr(image, "stream_spec", lambda *a: {**(s := spec(*a)), "workers": [here(w) for w in s["workers"]]})
+    monkeypatch.setattr(image, "copier_path", lambda *a: PROGRAM)
+    held = {"spark-3": 2}
+    params, got, read = copy_locally(6, 2, held, local_nodes, transport="tcp")
+    assert {n: t.via for n, t in got.items()}["spark-4"] == "spark-2"  # relayed
+    for w in params.workers:
+        t = got[w.name]
+        assert t.error is None and not t.compressed, "\n".join(local_nodes.head.lines[-12:])
+        assert loaded(local_nodes, w.name) == direct(local_nodes, held.get(w.name, 0)), w.name
+    assert len(local_nodes.archive) <= read < len(local_nodes.archive) + (8 << 20)  # one read on the head
 
 
 # ---------------------------------------------------------------------------------- on the lab

@@ -37,9 +37,10 @@ from ..params import Node, Params
 from ..params.settings import relay_plan
 from ..scripts.layerstore import chain_ids
 from .lines import STALL_S, Lines, number
+from .model import COPIER, copier_path
 from .outcome import ImageOutcome, Probe, StreamEnd, Transfer
 
-STREAM_SCRIPTS = ("imagestream.py", "layerstore.py", "savearchive.py")  # to the head and the relays
+STREAM_SCRIPTS = ("imagestream.py", "layerstore.py", "savearchive.py", COPIER)  # to the head and the relays
 
 Say = Callable[[str], object]
 
@@ -165,6 +166,8 @@ def choose_compression(params: Params, cluster: Cluster, head: NodeImage,
     both = head.zstd and all(nodes[w.name].zstd for w in workers)
     if mode == "off":
         return False, {"decision": "off (parameter)"}
+    if params.distribution.transport == "tcp":
+        return False, {"decision": "off: distribution.transport tcp (no cipher for zstd to spare)"}
     if not both:
         lacking = [n for n in [head.node] + [w.name for w in workers] if not nodes[n].zstd]
         return False, {"decision": f"off: no zstd on {', '.join(lacking)}"}
@@ -202,10 +205,13 @@ def stream_spec(params: Params, workers: list[Node], nodes: dict[str, NodeImage]
         return {"name": name, "ssh": peer_ssh(by_name[name]), "zstd": compress,
                 "have": mine.held(head.layers) if mine.skips_layers else [],
                 "feeds": [sink(n) for n in feeds],
-                **({"program": stream_path(params, by_name[name])} if feeds else {})}
+                **({"program": stream_path(params, by_name[name])} if feeds else {}),
+                **({"address": by_name[name].fabric_address, "receiver": copier_path(params, by_name[name])}
+                   if tcp else {})}
 
+    tcp = params.distribution.transport == "tcp"
     return {"image": params.runtime.image, "from": params.head.name, "store": store,
-            "deployment": params.name, "stall_s": STALL_S,
+            "deployment": params.name, "stall_s": STALL_S, "transport": params.distribution.transport,
             "workers": [sink(n) for n in plan.get(params.head.name, [])]}
 
 
@@ -251,6 +257,11 @@ def place_streamers(params: Params, cluster: Cluster, workers: list[Node], say: 
     if bad:
         say(f"cannot copy the stream scripts to {', '.join(bad)}: the head feeds every worker itself")
         plan = {head: [w.name for w in workers]}
+    if params.distribution.transport == "tcp":  # every worker's receiver (those that relay have it)
+        leaves = [w for w in workers if w.name not in plan]
+        if leaves:
+            prepare(params, cluster, leaves)
+            cluster.put(SCRIPTS / COPIER, lambda n: copier_path(params, n), leaves).check(f"copy {COPIER} to the workers")
     return plan
 
 
@@ -357,7 +368,10 @@ def image_checks(params: Params, out: ImageOutcome) -> list[Check]:
         t = by_node.get(node.name)
         relayed = (f" | ssh {params.node(t.via).peer_target} python3 {stream_path(params, params.node(t.via))} "
                    "relay SPEC" if t and t.via else "")
-        cmd = (f"({t.read_from or 'docker save'} of {out.image}){relayed} | ssh {node.peer_target} docker load" if t else
+        into = (f"TCP to {node.fabric_address}:PORT, where `ssh {node.peer_target} python3 "
+                f"{copier_path(params, node)} pipe` runs docker load" if params.distribution.transport == "tcp"
+                else f"ssh {node.peer_target} docker load")
+        cmd = (f"({t.read_from or 'docker save'} of {out.image}){relayed} | {into}" if t else
                f"docker pull {out.image}" if out.source == "registry" else
                f"docker image inspect {out.image}")
         if ref is None:

@@ -171,10 +171,10 @@ class Distribution(Section):
         "network on (a Spark's twins), by size, and a rail that fails hands its files to the first; "
         "first: the first rail only")
     transport: Literal["ssh", "tcp"] = Field(
-        "ssh", description="the model copy's data path: ssh (rsync over SSH, encrypted, resumes partial "
-        "files); tcp: plain TCP on the fabric address (the control and the one-time key still over "
-        "SSH), each connection authenticated and every file checked by digest on arrival, but readable "
-        "by anyone on the fabric: only where the fabric is a private cable or network")
+        "ssh", description="the data path of the image and model copies: ssh (encrypted; rsync resumes "
+        "partial model files); tcp: plain TCP on the fabric address (the control and a one-time key "
+        "still over SSH), each connection authenticated and every byte checked by digest on arrival, "
+        "but readable by anyone on the fabric: only where the fabric is a private cable or network")
     delete_extras: bool = Field(False, description="delete files a worker holds under model.path "
                                 "that the head lacks (named in 03's verdict); by default they are "
                                 "kept and reported as a WARN")

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Model files from this node to workers over the fabric in plain TCP, without SSH's encryption
-(``distribution.transport: tcp``); standard library only, copied to every node's private working
-folder. SSH still carries the control: it starts the receiver, hands it the transfer's one-time key
-on its standard input (never on a command line) and brings its result back; only the file bytes
-take the unencrypted connection.
+"""Model files, and image streams, from this node to workers over the fabric in plain TCP, without
+SSH's encryption (``distribution.transport: tcp``); standard library only, copied to every node's
+private working folder. SSH still carries the control: it starts the receiver, hands it the
+transfer's one-time key on its standard input (never on a command line) and brings its result back;
+only the bytes take the unencrypted connection. `pipe` is the image's form (one stream into
+`docker load`, or into a relay: imagestream.py's sinks); the rest is the model's.
 
 Each lane (one worker, one rail) is one transfer:
 - `receive` on the worker listens on that rail's address only (an ephemeral port), prints
@@ -30,6 +31,9 @@ Usage: fabriccopy.py send SPEC   SPEC: {"root": the model folder (the same on ev
                                  "root": where it writes them, when not the same folder}]}
        fabriccopy.py receive     one JSON line on stdin: {"root", "partial", "address", "key" (hex),
                                  "files", "stall_s"}; stdin held open (its end stops the receiver)
+       fabriccopy.py pipe        the same line with {"address", "key", "stall_s", "command": argv}:
+                                 one stream into the command's stdin (imagestream.py's sinks, for
+                                 `docker load` or a relay, the image's bytes over TCP)
 Lines on stdout: `[lane] BYTES PCT% RATE ETA` (rsync --info=progress2's columns) and `DONE lane
 EXIT_CODE LAST_ERROR` per lane (send); LISTEN port, REFUSED peer, DONE {json} (receive).
 """
@@ -52,6 +56,7 @@ CHUNK = 4 << 20
 QUEUE = 8           # chunks a lane may fall behind the others that share its reader
 HEADER = struct.Struct(">QQI")  # size, mtime (ns), mode
 INDEX = struct.Struct(">Q")
+FRAME = struct.Struct(">I")  # pipe: a chunk's length (0: the end, then the stream's MAC)
 MISSING = (1 << 64) - 1  # the size of a file the source no longer holds: skipped, as rsync --ignore-missing-args
 NONCE = 32
 HELLO = b"sparkbook-fabriccopy-1"
@@ -189,14 +194,13 @@ def read_line(fd=0):
     return data
 
 
-def watch_stdin(current):
-    """The SSH channel's end (the sender stopped, the run interrupted): the partial file removed, out."""
+def watch_stdin(cleanup):
+    """The SSH channel's end (the sender stopped, the run interrupted): ``cleanup()``, then out."""
     while os.read(0, 4096):
         pass
     if WRITTEN.is_set():
         return
-    if current[0]:
-        discard(current[0])
+    cleanup()
     os._exit(3)
 
 
@@ -204,7 +208,7 @@ def receive():
     spec = json.loads(read_line())
     key, root, files = bytes.fromhex(spec["key"]), spec["root"], [safe(n) for n in spec["files"]]
     stall, current, refused = spec["stall_s"], [None], []
-    threading.Thread(target=watch_stdin, args=(current,), daemon=True).start()
+    threading.Thread(target=watch_stdin, args=(lambda: current[0] and discard(current[0]),), daemon=True).start()
     listener = socket.create_server((spec["address"], 0), backlog=4)
     say("LISTEN", listener.getsockname()[1])
     out = {"files": 0, "bytes": 0, "errors": [], "refused": refused}
@@ -238,7 +242,104 @@ def receive():
     os._exit(code or (1 if out["errors"] else 0))  # not sys.exit: the watcher still reads stdin
 
 
+def pipe():
+    """The stream from one authenticated connection into ``command``'s stdin (its output is this
+    one's), a chunk behind: the last chunk goes in only once the stream's MAC matches, so a
+    damaged stream is never whole; then the command's exit status. Killed with the command when
+    the SSH channel ends."""
+    spec = json.loads(read_line())
+    key, stall, child = bytes.fromhex(spec["key"]), spec["stall_s"], []
+    threading.Thread(target=watch_stdin, args=(lambda: child and child[0].kill(),), daemon=True).start()
+    listener = socket.create_server((spec["address"], 0), backlog=4)
+    say("LISTEN", listener.getsockname()[1])
+    error, code = None, 1
+    try:
+        conn, nonce = accept(listener, key, time.monotonic() + stall, [])
+        listener.close()
+        conn.sendall(b"\1")
+        conn.settimeout(stall)
+        proc = subprocess.Popen(spec["command"], stdin=subprocess.PIPE)
+        child.append(proc)
+        digest, total, held = hashlib.sha256(), 0, b""
+        while n := FRAME.unpack(recv_exact(conn, FRAME.size))[0]:
+            data = recv_exact(conn, n)
+            digest.update(data)
+            total += n
+            proc.stdin.write(held)
+            held = data
+        if hmac.compare_digest(recv_exact(conn, 32), mac(key, nonce, INDEX.pack(total), digest.digest())):
+            proc.stdin.write(held)
+            proc.stdin.close()
+            os._exit(proc.wait())
+        error = "the stream arrived damaged (its digest does not match the sender's): stopped before its end"
+    except TimeoutError as e:
+        error, code = ("no sender connected" if str(e) == "no sender connected" else "no data") + f" for {stall:.0f} s", STALLED
+    except OSError as e:
+        error = f"{type(e).__name__}: {e}"
+    if child:
+        child[0].kill()
+        child[0].wait()
+    say(f"fabriccopy: {error}")
+    os._exit(code)
+
+
 # ----------------------------------------------------------------------------------------- send
+
+def start(ssh, program, mode, ask, address, key, stall, stderr=subprocess.PIPE):
+    """A receiver (``mode``: receive or pipe) over SSH, its spec and the key on its stdin, which
+    stays open: its end stops the receiver."""
+    proc = subprocess.Popen(ssh + [shlex.join(["python3", program, mode])], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=stderr)
+    try:
+        proc.stdin.write((json.dumps({**ask, "address": address, "key": key.hex(), "stall_s": stall}) + "\n").encode())
+        proc.stdin.flush()
+    except BrokenPipeError:  # its SSH ended at once: handshake() says why
+        pass
+    return proc
+
+
+def handshake(proc, address, key, stall):
+    """The receiver's port from its first line, then the connection, authenticated; the socket and
+    the receiver's nonce."""
+    line = proc.stdout.readline().decode()
+    if not line.startswith("LISTEN "):
+        err = proc.stderr.read().decode().strip().splitlines() if proc.stderr else []
+        raise ConnectionError(f"the receiver did not start: {err[-1] if err else line.strip() or 'no output'}")
+    sock = socket.create_connection((address, int(line.split()[1])), timeout=stall)
+    nonce = recv_exact(sock, NONCE)
+    sock.sendall(mac(key, nonce, HELLO))
+    recv_exact(sock, 1)
+    return sock, nonce
+
+
+class PipeWriter:
+    """The sending end of `pipe`: each write a frame, the whole stream hashed, its MAC at the end."""
+
+    def __init__(self, sock, nonce, key):
+        sock.settimeout(None)  # the caller's watchdog stops a stalled stream (abort)
+        self.sock, self.nonce, self.key = sock, nonce, key
+        self.digest, self.total = hashlib.sha256(), 0
+
+    def write(self, data):
+        if data:
+            self.digest.update(data)
+            self.total += len(data)
+            self.sock.sendall(FRAME.pack(len(data)))
+            self.sock.sendall(data)
+
+    def close(self):
+        try:
+            self.sock.sendall(FRAME.pack(0) + mac(self.key, self.nonce, INDEX.pack(self.total), self.digest.digest()))
+        finally:
+            self.sock.close()
+
+    def abort(self):
+        """Break a write blocked in another thread."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
 
 class Lane:
     """One worker over one rail: its receiver (over SSH), its connection, what it sent."""
@@ -249,28 +350,12 @@ class Lane:
         self.queue = queue.Queue(QUEUE)
         self.sent, self.total, self.error, self.code = 0, 0, None, 0
         self.dead = threading.Event()
-        remote = shlex.join(["python3", spec["program"], "receive"])
-        self.proc = subprocess.Popen(spec["ssh"] + [remote], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE)
-        ask = {"root": spec.get("root", root), "partial": partial, "address": spec["address"], "key": self.key.hex(),
-               "files": self.files, "stall_s": stall}
-        try:
-            self.proc.stdin.write((json.dumps(ask) + "\n").encode())
-            self.proc.stdin.flush()
-        except BrokenPipeError:  # its SSH ended at once: connect() says why
-            pass
+        ask = {"root": spec.get("root", root), "partial": partial, "files": self.files}
+        self.proc = start(spec["ssh"], spec["program"], "receive", ask, spec["address"], self.key, stall)
         self.address, self.sock, self.nonce = spec["address"], None, b""
 
     def connect(self):
-        line = self.proc.stdout.readline().decode()
-        if not line.startswith("LISTEN "):
-            err = self.proc.stderr.read().decode().strip().splitlines()
-            raise ConnectionError(f"the receiver did not start: {err[-1] if err else line.strip() or 'no output'}")
-        port = int(line.split()[1])
-        self.sock = socket.create_connection((self.address, port), timeout=self.stall)
-        self.nonce = recv_exact(self.sock, NONCE)
-        self.sock.sendall(mac(self.key, self.nonce, HELLO))
-        recv_exact(self.sock, 1)
+        self.sock, self.nonce = handshake(self.proc, self.address, self.key, self.stall)
 
     def fail(self, error, code=1):
         if not self.dead.is_set():
@@ -403,6 +488,8 @@ def send(spec):
 if __name__ == "__main__":
     if sys.argv[1:2] == ["receive"]:
         receive()
+    elif sys.argv[1:2] == ["pipe"]:
+        pipe()
     elif sys.argv[1:2] == ["send"] and len(sys.argv) == 3:
         send(json.loads(sys.argv[2]))
     else:

@@ -20,7 +20,10 @@ Usage: imagestream.py stream SPEC   SPEC: {"image", "from": this node, "store": 
                                     (null: `docker save`), "deployment": for the reading container's
                                     name and label, "stall_s", "workers": [W]}; W: {"name", "ssh":
                                     argv, "have": [chain ids], "zstd": bool, "feeds": [W], and for a
-                                    worker that feeds others "program": this script's path there}
+                                    worker that feeds others "program": this script's path there;
+                                    with "transport": "tcp", "address" (the worker's fabric address)
+                                    and "receiver" (fabriccopy.py's path there): SSH starts
+                                    `fabriccopy.py pipe` there, the bytes go over TCP}
        imagestream.py relay SPEC    on a worker, the archive on stdin; SPEC: its W with "diff_ids",
                                     "source", "expected", "held"
        imagestream.py probe SPEC    pipe and zstd throughput, for the compression choice
@@ -34,6 +37,7 @@ import fcntl
 import json
 import os
 import queue
+import secrets
 import shlex
 import subprocess
 import sys
@@ -41,9 +45,11 @@ import threading
 import time
 
 try:
+    from . import fabriccopy
     from .layerstore import BLOCK, CHUNK, chain_ids, expected_bytes, padded
     from .savearchive import Layers, octal, read_exact
-except ImportError:  # run as a script on a node, next to layerstore.py and savearchive.py
+except ImportError:  # run as a script on a node, next to layerstore.py, savearchive.py and fabriccopy.py
+    import fabriccopy
     from layerstore import BLOCK, CHUNK, chain_ids, expected_bytes, padded
     from savearchive import Layers, octal, read_exact
 
@@ -100,21 +106,32 @@ class Sink:
         self.error, self.killed = None, False
         self.tail = collections.deque(maxlen=20)
         self.remote = spec.get("ssh") is not None
-        argv = ["docker", "load"]
+        argv, self.tcp, self.zstd = ["docker", "load"], None, None
         if self.remote:
             then = (f"python3 {shlex.quote(spec.get('program', ME))} relay "
                     f"{shlex.quote(json.dumps({**spec, **job}))}" if self.feeds else "docker load")
             remote = "set -o pipefail; " + ("zstd -q -d -c | " if spec.get("zstd") else "") + then
             argv = spec["ssh"] + ["bash -c " + shlex.quote(remote)]
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT)
-        self.zstd = None
+        if self.remote and job.get("transport") == "tcp":  # SSH for the control, the bytes over TCP
+            key = secrets.token_bytes(32)
+            self.proc = fabriccopy.start(spec["ssh"], spec["receiver"], "pipe", {"command": ["bash", "-c", remote]},
+                                         spec["address"], key, self.stall_s, stderr=subprocess.STDOUT)
+            try:
+                self.tcp = fabriccopy.PipeWriter(*fabriccopy.handshake(self.proc, spec["address"], key, self.stall_s),
+                                                 key)
+            except (OSError, ValueError) as e:
+                self.error = f"the stream to {self.name} did not start: {e}"
+                self.kill()
+        else:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT)
         if self.remote and spec.get("zstd"):
             self.zstd = subprocess.Popen(["zstd", "-q", "-1", "-T0", "-c"], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE)
-        self.pipe = self.zstd.stdin if self.zstd else self.proc.stdin
+        self.pipe = self.tcp or (self.zstd.stdin if self.zstd else self.proc.stdin)
         widen(self.proc.stdin)
-        widen(self.pipe)
+        if not self.tcp:
+            widen(self.pipe)
         self.queue = queue.Queue(QUEUE)
         self.threads = [threading.Thread(target=f, daemon=True)
                         for f in (self._write, self._read) + ((self._pump,) if self.zstd else ())]
@@ -164,7 +181,10 @@ class Sink:
                 return
 
     def kill(self):
-        """Stop the worker's processes here (its SSH, zstd): what writes to them fails at once."""
+        """Stop the worker's processes here (its SSH, zstd) and its TCP stream: what writes to them
+        fails at once."""
+        if self.tcp:
+            self.tcp.abort()
         for p in (self.zstd, self.proc):
             if p and p.poll() is None:
                 p.kill()
@@ -391,7 +411,7 @@ def stream(spec):
     widen(save.stdout)
     say("SOURCE", how)
     job = {"diff_ids": diff_ids, "source": how, "from": spec.get("from", "the head"),
-           "stall_s": spec.get("stall_s", STALL_S)}
+           "stall_s": spec.get("stall_s", STALL_S), "transport": spec.get("transport", "ssh")}
     sinks = [Sink(w, job) for w in spec["workers"]]
     failed = feed(save.stdout, diff_ids, sinks)
     read = rchar()
@@ -410,7 +430,7 @@ def stream(spec):
 def relay(spec):
     """On a worker: the archive from stdin into this worker's `docker load` and on to those it feeds."""
     job = {"diff_ids": spec["diff_ids"], "source": spec["source"], "from": spec["name"],
-           "stall_s": spec.get("stall_s", STALL_S)}
+           "stall_s": spec.get("stall_s", STALL_S), "transport": spec.get("transport", "ssh")}
     own = {k: spec[k] for k in ("name", "have", "expected", "held")}
     sinks = [Sink(own, job)] + [Sink(w, job) for w in spec["feeds"]]
     end(sinks, feed(sys.stdin.buffer, spec["diff_ids"], sinks), spec["source"])
