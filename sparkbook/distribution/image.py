@@ -37,7 +37,7 @@ from ..params import Node, Params
 from ..params.settings import relay_plan
 from ..scripts.layerstore import chain_ids
 from .lines import STALL_S, Lines, number
-from .model import COPIER, copier_path
+from .model import COPIER, copier_path, place_copier
 from .outcome import ImageOutcome, Probe, StreamEnd, Transfer
 
 STREAM_SCRIPTS = ("imagestream.py", "layerstore.py", "savearchive.py", COPIER)  # to the head and the relays
@@ -258,10 +258,8 @@ def place_streamers(params: Params, cluster: Cluster, workers: list[Node], say: 
         say(f"cannot copy the stream scripts to {', '.join(bad)}: the head feeds every worker itself")
         plan = {head: [w.name for w in workers]}
     if params.distribution.transport == "tcp":  # every worker's receiver (those that relay have it)
-        leaves = [w for w in workers if w.name not in plan]
-        if leaves:
-            prepare(params, cluster, leaves)
-            cluster.put(SCRIPTS / COPIER, lambda n: copier_path(params, n), leaves).check(f"copy {COPIER} to the workers")
+        if leaves := [w for w in workers if w.name not in plan]:
+            place_copier(params, cluster, leaves)
     return plan
 
 

@@ -183,10 +183,10 @@ def copier_path(params: Params, node: Node) -> str:
     return f"{workdir(params, node)}/{COPIER}"
 
 
-def place_copier(params: Params, cluster: Cluster, names: list[str]) -> None:
-    """``fabriccopy.py`` into the working folder of the head and of ``names``; raises
-    :class:`~sparkbook.book.errors.CheckFailed` naming a node it cannot be copied to."""
-    nodes = [params.head, *(params.node(n) for n in names)]
+def place_copier(params: Params, cluster: Cluster, nodes: list[Node]) -> None:
+    """``fabriccopy.py`` into the working folder of ``nodes`` (the model's senders and receivers,
+    the image's receivers); raises :class:`~sparkbook.book.errors.CheckFailed` naming a node it
+    cannot be copied to."""
     prepare(params, cluster, nodes)
     cluster.put(SCRIPTS / COPIER, lambda n: copier_path(params, n), nodes).check(f"copy {COPIER} to the nodes")
 
@@ -267,7 +267,7 @@ def copy_files(params: Params, cluster: Cluster, todo: dict[str, list[str]], out
             + (" ..." if len(names) > 5 else ""))
     failed: set[str] = set()
     if params.distribution.transport == "tcp":
-        place_copier(params, cluster, list(todo))
+        place_copier(params, cluster, [params.head, *(params.node(w) for w in todo)])
     with Progress(f"model {params.model.path} from {params.head.name}") as progress:
         def each(line: str) -> None:  # rsync --info=progress2: '  1,234,567  45%  12.34MB/s  0:00:10'
             m = re.search(r"\[([^] ]+)\] +([\d,]+) +(\d+)% +(\S+) +(\S+)", line)
